@@ -1,0 +1,1 @@
+"""tunedash: a terminal dashboard for tuning LLM inference servers."""

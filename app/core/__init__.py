@@ -1,0 +1,1 @@
+"""The UI-free engine of tunedash: profiles, hosts, telemetry, lifecycle, log watch."""

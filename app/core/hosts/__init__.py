@@ -1,0 +1,1 @@
+"""Where commands run: the host interface and its implementations (local, ssh)."""

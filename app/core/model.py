@@ -1,0 +1,169 @@
+"""Plain data shared by the core, the CLI and the widgets: GPU samples, server states, log events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One compute process holding memory on one GPU."""
+
+    pid: int
+    name: str
+    used_mib: int | None  # None when the driver cannot say (WDDM: "[N/A]")
+    gpu_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU at one moment.
+
+    Any value that could not be read is None and `unavailable[field_name]` holds the reason
+    (for example "[N/A]", "[GPU is lost]", "NVMLError_NotSupported"). Never 0 for "unknown".
+    """
+
+    index: int
+    uuid: str
+    name: str | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    processes: tuple[GpuProcess, ...] | None = None  # None: process list not read
+    unavailable: dict[str, str] = field(default_factory=dict)
+    taken_at: float = 0.0  # time.monotonic() of the client when the sample was taken
+    source: str = ""  # "nvml" or "smi"
+
+
+@dataclass(frozen=True)
+class TelemetryError:
+    """A whole telemetry read failed (nvidia-smi missing, driver mismatch, NVML init error...)."""
+
+    kind: str  # "not_found" | "driver" | "no_devices" | "bad_field" | "lost" | "permission" | "other"
+    message: str  # the tool's own text, verbatim
+    exit_code: int | None = None
+    hint: str = ""  # what the user can do
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """All GPUs of a host at one tick, or the error that stopped the read."""
+
+    gpus: tuple[GpuSample, ...]
+    taken_at: float
+    error: TelemetryError | None = None
+    skipped_lines: int = 0  # lines the parser could not read
+
+
+class ServerState(StrEnum):
+    """The lifecycle states of a server (ARCHITECTURE.md, Server lifecycle)."""
+
+    STOPPED = "STOPPED"
+    LAUNCHING = "LAUNCHING"
+    LOADING = "LOADING"
+    CAPTURING = "CAPTURING"
+    WARMING = "WARMING"
+    READY = "READY"
+    KILLING = "KILLING"
+    RELEASING = "RELEASING"
+    FREE = "FREE"
+    CRASHED = "CRASHED"
+    STUCK = "STUCK"
+
+
+class Phase(StrEnum):
+    """Startup phases a backend log reveals."""
+
+    INIT = "init"  # server args printed, process started
+    WEIGHTS = "weights"
+    KV_CACHE = "kv_cache"
+    CUDA_GRAPH = "cuda_graph"
+    PIECEWISE_CUDA_GRAPH = "piecewise_cuda_graph"
+    WARMUP = "warmup"
+    READY = "ready"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """Where an event came from in the log."""
+
+    number: int  # 1-based line number in the log
+    text: str  # the line with ANSI colour stripped
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """A startup phase began or ended. `seconds` is the backend's own elapsed figure when it prints one."""
+
+    phase: Phase
+    begin: bool
+    line: LogLine
+    seconds: float | None = None
+    detail: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadyEvent:
+    """The backend's ready line."""
+
+    line: LogLine
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """One periodic throughput line (SGLang "Decode batch", vLLM "Avg generation throughput")."""
+
+    gen_tps: float
+    line: LogLine
+    accept_len: float | None = None
+    accept_rate: float | None = None
+    running: int | None = None
+    queued: int | None = None
+    token_usage: float | None = None
+    cuda_graph: bool | None = None
+    timestamp: str | None = None  # the log's own timestamp text
+
+
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """vLLM "SpecDecoding metrics" line."""
+
+    mean_accept_len: float | None
+    accepted: int
+    drafted: int
+    line: LogLine
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know: an auto-disabled feature, a deprecation, an auto-adjustment."""
+
+    kind: str  # "auto_disabled" | "auto_adjusted" | "deprecation" | "warning"
+    text: str
+    line: LogLine
+
+
+@dataclass(frozen=True)
+class FatalEvent:
+    """The server failed: OOM, port in use, a traceback. `context` holds the lines around it."""
+
+    kind: str  # "oom" | "port_in_use" | "traceback" | "child_failed" | "error"
+    text: str
+    line: LogLine
+    context: tuple[str, ...] = ()
+
+
+LogEvent = PhaseEvent | ReadyEvent | DecodeStats | SpecDecodeStats | Notice | FatalEvent
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """One tokens/s figure at one moment, from one source ("log", "metrics", "probe")."""
+
+    at: float  # wall-clock seconds (time.time())
+    tokens_per_s: float
+    source: str
+    accept_len: float | None = None
