@@ -1,0 +1,65 @@
+"""Parsers for /proc text (process stat lines, listening TCP sockets), shared by local and SSH hosts."""
+
+from __future__ import annotations
+
+from app.core.hosts.base import ProcessInfo
+
+LISTEN_STATE = "0A"
+
+
+def parse_stat_line(line: str) -> ProcessInfo | None:
+    """One /proc/PID/stat line -> ProcessInfo, or None when it cannot be read.
+
+    The command name sits in parentheses and may itself contain spaces or parentheses, so the fields
+    after it are found from the last ')'.
+    """
+    open_at = line.find("(")
+    close_at = line.rfind(")")
+    if open_at < 0 or close_at < open_at:
+        return None
+    try:
+        pid = int(line[:open_at].strip())
+    except ValueError:
+        return None
+    rest = line[close_at + 1 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3]
+    if len(rest) < 20:
+        return None
+    try:
+        return ProcessInfo(
+            pid=pid,
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            state=rest[0],
+            name=line[open_at + 1 : close_at],
+            start_time=rest[19],
+        )
+    except ValueError:
+        return None
+
+
+def parse_stat_text(text: str) -> list[ProcessInfo]:
+    """Many concatenated stat lines (as `cat /proc/[0-9]*/stat` prints them)."""
+    found = []
+    for line in text.splitlines():
+        info = parse_stat_line(line)
+        if info is not None:
+            found.append(info)
+    return found
+
+
+def listening_ports(tcp_text: str) -> set[int]:
+    """Ports in LISTEN state from the text of /proc/net/tcp and /proc/net/tcp6."""
+    ports: set[int] = set()
+    for line in tcp_text.splitlines():
+        parts = line.split()
+        if len(parts) < 4 or parts[0] == "sl":
+            continue
+        local, state = parts[1], parts[3]
+        if state != LISTEN_STATE or ":" not in local:
+            continue
+        try:
+            ports.add(int(local.rsplit(":", 1)[1], 16))
+        except ValueError:
+            continue
+    return ports
