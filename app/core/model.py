@@ -36,6 +36,10 @@ class GpuSample:
     unavailable: dict[str, str] = field(default_factory=dict)
     taken_at: float = 0.0  # time.monotonic() of the client when the sample was taken
     source: str = ""  # "nvml" or "smi"
+    # time.monotonic() when the query that produced `processes` started; the list describes the GPU at or
+    # after that moment (it can be older than taken_at: process lists are refreshed less often)
+    processes_taken_at: float | None = None
+    memory_api: str = ""  # what memory_used_mib means: "smi", "nvml_v2" (same as smi) or "nvml_v1" (+reserved)
 
 
 @dataclass(frozen=True)
