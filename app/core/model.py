@@ -139,6 +139,8 @@ class SpecDecodeStats:
     accepted: int
     drafted: int
     line: LogLine
+    accept_rate: float | None = None  # 0..1; V1 "Avg Draft acceptance rate", V0 "Draft acceptance rate"
+    timestamp: str | None = None  # the log's own timestamp text
 
 
 @dataclass(frozen=True)
