@@ -1,0 +1,127 @@
+"""The simulated host's environment: state folder set-up, PATH with the fake nvidia-smi, reset and fault knobs.
+
+Public API:
+    sim_environment(state_dir=None) -> dict[str, str]
+        Initialise the state folder if needed (2 x "NVIDIA RTX A6000", 49140 MiB, idle 0 MiB) and return the
+        variables to ADD to a process's environment on the simulated host: PATH (the state folder's bin/
+        first, holding an executable `nvidia-smi`), TUNEDASH_SIM_STATE and PYTHONPATH (so that
+        `python -m app.sim.sglang` works from any cwd).
+    reset_state(state_dir, gpus=..., release_delay_s=..., startup_s=...) -> Path
+        Rewrite host.json, drop every allocation, the release log and all fault knobs (for tests).
+    set_faults(state_dir, **knobs)
+        Set nvidia-smi fault knobs in faults.json (keys in gpu_state.FAULT_KNOBS), e.g.
+        set_faults(d, driver_mismatch=True), set_faults(d, lost_gpus=[1]); False/None/[] clears a knob.
+    default_state_dir() -> Path
+        $TUNEDASH_SIM_STATE, else platformdirs.user_cache_dir("tunedash")/"sim". A profile may pass its own.
+
+Environment variables of the simulated host (read by app.sim.*):
+    TUNEDASH_SIM_STATE       the state folder (see gpu_state.py for its layout)
+    TUNEDASH_SIM_STARTUP_S   the simulated SGLang server's total startup time in seconds (default ~6 s;
+                             tests use ~0.3); host.json "startup_s" is used when the variable is unset
+    TUNEDASH_SIM_FAULT       server fault knobs, comma-separated: crash_loading, oom_capture, never_release
+    TUNEDASH_SIM_SPEED_FILE  a TOML file overriding keys of app/sim/speed_model.toml
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.sim import gpu_state
+from app.sim.gpu_state import HostConfig, SimGpu
+
+STATE_ENV = "TUNEDASH_SIM_STATE"
+STARTUP_ENV = "TUNEDASH_SIM_STARTUP_S"
+FAULT_ENV = "TUNEDASH_SIM_FAULT"
+SPEED_FILE_ENV = "TUNEDASH_SIM_SPEED_FILE"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tunedash")) / "sim"
+
+
+def package_root() -> Path:
+    """The folder that holds the `app` package (put on PYTHONPATH for the simulated host)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _write_wrapper(state_dir: Path) -> Path:
+    bin_dir = state_dir / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    root = str(package_root())
+    # -S skips site and -c skips runpy (together ~20 ms per call); the module only needs the stdlib and `app`.
+    # Bytecode is cached in the state folder even where PYTHONDONTWRITEBYTECODE is set (saves ~15 ms).
+    # Same effect as `python -m app.sim.nvidia_smi "$@"`.
+    script = (
+        "#!/bin/sh\n"
+        "# fake nvidia-smi of the tunedash simulated host\n"
+        f"TUNEDASH_SIM_STATE='{state_dir}' PYTHONPATH='{root}' "
+        f"PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX='{state_dir / 'pycache'}' "
+        f"exec '{sys.executable}' -S -c 'import sys; from app.sim.nvidia_smi import main; sys.exit(main())' \"$@\"\n"
+    )
+    path = bin_dir / "nvidia-smi"
+    if not path.exists() or path.read_text() != script:
+        tmp = bin_dir / f".nvidia-smi.{os.getpid()}"
+        tmp.write_text(script)
+        tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        os.replace(tmp, path)
+    return path
+
+
+def init_state(state_dir: Path) -> Path:
+    """Create the state folder with the default GPUs unless it already describes a host."""
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if not (state_dir / gpu_state.HOST_FILE).exists():
+        gpu_state.write_host_config(state_dir, HostConfig(gpus=tuple(gpu_state.default_gpus())))
+    _write_wrapper(state_dir)
+    return state_dir
+
+
+def sim_environment(state_dir: Path | None = None) -> dict[str, str]:
+    """Variables to add to the environment of every process of the simulated host."""
+    state_dir = init_state(state_dir if state_dir is not None else default_state_dir())
+    root = str(package_root())
+    path = os.environ.get("PATH", "")
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    return {
+        "PATH": f"{state_dir / 'bin'}{os.pathsep}{path}" if path else str(state_dir / "bin"),
+        STATE_ENV: str(state_dir),
+        "PYTHONPATH": f"{root}{os.pathsep}{pythonpath}" if pythonpath else root,
+    }
+
+
+def reset_state(
+    state_dir: Path,
+    gpus: list[SimGpu] | None = None,
+    *,
+    gpu_count: int = 2,
+    release_delay_s: float = gpu_state.DEFAULT_RELEASE_DELAY_S,
+    startup_s: float | None = None,
+    idle_mib: int = 0,
+) -> Path:
+    """Start the simulated host over: fresh host.json, no allocations, no release log, no faults."""
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    chosen = gpus if gpus is not None else gpu_state.default_gpus(gpu_count)
+    if idle_mib:
+        chosen = [SimGpu(**{**g.to_dict(), "idle_mib": idle_mib}) for g in chosen]
+    config = HostConfig(gpus=tuple(chosen), release_delay_s=release_delay_s, startup_s=startup_s)
+    gpu_state.write_host_config(state_dir, config)
+    gpu_state.clear_allocations(state_dir)
+    (state_dir / gpu_state.FAULTS_FILE).unlink(missing_ok=True)
+    _write_wrapper(state_dir)
+    return state_dir
+
+
+def set_faults(state_dir: Path, **knobs: Any) -> None:
+    """Set nvidia-smi fault knobs (see gpu_state.FAULT_KNOBS)."""
+    gpu_state.write_faults(state_dir, **knobs)
