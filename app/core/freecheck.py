@@ -53,6 +53,7 @@ class FreeCheck:
     tolerance_mib: int = DEFAULT_TOLERANCE_MIB
     needed: int = 2
     streak: int = 0
+    not_before: float | None = None  # process lists read before this monotonic time do not count
 
     def limit(self, gpu: int) -> int:
         return min(self.baseline_mib.get(gpu, 0), BASELINE_CAP_MIB) + self.tolerance_mib
@@ -77,6 +78,13 @@ class FreeCheck:
                 unreadable = f"GPU{index} memory.used {reason}"
             if gpu.processes is None:
                 unreadable = unreadable or f"GPU{index} process list not read"
+            elif (
+                self.not_before is not None
+                and gpu.processes_taken_at is not None
+                and gpu.processes_taken_at < self.not_before
+                and not gpu.processes
+            ):
+                unreadable = unreadable or f"GPU{index} process list older than the kill"
             for proc in gpu.processes or ():
                 holders.append(Holder(index, proc.pid, proc.name, proc.used_mib))
             over = gpu.memory_used_mib is not None and gpu.memory_used_mib > self.limit(index)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -56,7 +56,7 @@ class Host(abc.ABC):
     @abc.abstractmethod
     def stream_lines(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Run a long-lived command and yield its stdout lines (without newline).
 
         Closing the iterator (aclose, or leaving `async for` early) terminates the command, so streams
@@ -101,7 +101,7 @@ class Host(abc.ABC):
         """Remove a file if it exists."""
 
     @abc.abstractmethod
-    def follow(self, path: str, *, from_start: bool = True) -> AsyncIterator[str]:
+    def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
         """Yield lines appended to a file as they come (like tail -F), until the iterator is closed."""
 
     @property

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -90,7 +90,7 @@ class LocalHost(Host):
 
     async def stream_lines(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -201,7 +201,7 @@ class LocalHost(Host):
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(Path(path).unlink)
 
-    async def follow(self, path: str, *, from_start: bool = True) -> AsyncIterator[str]:
+    async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
         """Poll the file every 50 ms; reopen it when it is replaced or truncated (like tail -F)."""
         handle = None
         inode = None

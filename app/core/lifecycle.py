@@ -1,0 +1,483 @@
+"""The server state machine: launch -> ready -> kill -> confirm free -> relaunch, each phase timed.
+
+One ServerLifecycle drives one profile's server on one host. It launches the server detached (it
+outlives tunedash), records a job file on the host so a later tunedash re-attaches, follows the log to
+move through LAUNCHING -> LOADING -> CAPTURING -> WARMING -> READY, watches the process group so a
+death before READY is CRASHED (with the fatal event and the last log lines), kills by process group
+(SIGTERM, grace period, SIGKILL) and confirms the GPUs free (FREE, or STUCK with the holders).
+Listeners receive LifecycleEvents; nothing here knows about a UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core import jobs
+from app.core.freecheck import FreeCheck, FreeVerdict, Holder, learn_baseline
+from app.core.hosts.base import Host
+from app.core.logwatch import LogParser
+from app.core.model import (
+    DecodeStats,
+    FatalEvent,
+    LogEvent,
+    Notice,
+    Phase,
+    PhaseEvent,
+    ReadyEvent,
+    ServerState,
+)
+from app.core.probes import check_health
+from app.core.profile import Profile, launch_argv
+from app.core.telemetry import SmiTelemetry, Telemetry
+
+LIVE_STATES = {
+    ServerState.LAUNCHING,
+    ServerState.LOADING,
+    ServerState.CAPTURING,
+    ServerState.WARMING,
+    ServerState.READY,
+}
+STARTING_STATES = LIVE_STATES - {ServerState.READY}
+RELEASE_POLL_MS = 50
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    state: ServerState
+    previous: ServerState
+    at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class ActionLogged:
+    """A line for the event log: an action or an outcome ("SIGTERM to group 48921")."""
+
+    text: str
+    level: str = "info"  # info | warning | error
+    at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ServerLogEvent:
+    event: LogEvent
+
+
+@dataclass(frozen=True)
+class FreeProgress:
+    verdict: FreeVerdict
+    elapsed_s: float
+
+
+LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress
+
+
+class LaunchRefused(Exception):
+    """Launch did not start a server; the message says why and what to do."""
+
+    def __init__(self, message: str, exit_code: int, holders: tuple[Holder, ...] = ()) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.holders = holders
+
+
+class ServerLifecycle:
+    """Launch, watch, kill and confirm-free one profile's server on one host."""
+
+    def __init__(
+        self,
+        host: Host,
+        profile: Profile,
+        telemetry: Telemetry,
+        *,
+        grace_s: float = 15.0,
+        free_timeout_s: float = 60.0,
+        liveness_period_s: float = 0.2,
+    ) -> None:
+        self.host = host
+        self.profile = profile
+        self.telemetry = telemetry
+        self.grace_s = grace_s
+        self.free_timeout_s = free_timeout_s
+        self.liveness_period_s = liveness_period_s
+        self.state = ServerState.STOPPED
+        self.state_since = time.time()
+        self.record: jobs.JobRecord | None = None
+        self.notices: list[Notice] = []
+        self.fatal: FatalEvent | None = None
+        self.last_lines: deque[str] = deque(maxlen=30)
+        self.holders: tuple[Holder, ...] = ()
+        self.last_free: FreeVerdict | None = None
+        self.last_decode: DecodeStats | None = None
+        self.health_ok: bool | None = None
+        self._marks: dict[str, float] = {}
+        self._listeners: list[Callable[[LifecycleEvent], None]] = []
+        self._watch_task: asyncio.Task[None] | None = None
+        self._state_event = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- listeners -------------------------------------------------------------------------------
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> None:
+        self._listeners.append(listener)
+
+    def _emit(self, event: LifecycleEvent) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+    def _say(self, text: str, level: str = "info") -> None:
+        self._emit(ActionLogged(text, level))
+
+    def _set_state(self, state: ServerState) -> None:
+        if state == self.state:
+            return
+        previous = self.state
+        self.state = state
+        self.state_since = time.time()
+        self._marks.setdefault(state.value, time.monotonic())
+        self._emit(StateChanged(state, previous, self.state_since))
+        self._state_event.set()
+
+    @property
+    def phase_times(self) -> dict[str, float]:
+        """Seconds per phase of the last launch (start, load, capture, warmup, ready; kill, release)."""
+        marks = self._marks
+        order = [
+            ("kill", "KILLING", "RELEASING"),
+            ("release", "RELEASING", "FREE"),
+            ("start", "LAUNCHING", "LOADING"),
+            ("load", "LOADING", "CAPTURING"),
+            ("capture", "CAPTURING", "WARMING"),
+            ("warmup", "WARMING", "READY"),
+            ("ready", "LAUNCHING", "READY"),
+        ]
+        times: dict[str, float] = {}
+        for name, begin, end in order:
+            if begin in marks and end in marks and marks[end] >= marks[begin]:
+                times[name] = round(marks[end] - marks[begin], 3)
+        if "load" not in times and "LOADING" in marks and "WARMING" in marks and "CAPTURING" not in marks:
+            times["load"] = round(marks["WARMING"] - marks["LOADING"], 3)
+        return times
+
+    # ---- attach ----------------------------------------------------------------------------------
+    async def attach(self) -> bool:
+        """Re-attach to this profile's recorded job. True when it is alive and now watched."""
+        record = await jobs.load_job(self.host, self.profile.name)
+        if record is None:
+            return False
+        self.record = record
+        if not await jobs.job_members(self.host, record):
+            self._say(f"recorded server (pid {record.pid}) is not running any more")
+            self._set_state(ServerState.STOPPED)
+            return False
+        self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
+        self._set_state(ServerState.LAUNCHING)
+        self._start_watch(record)
+        return True
+
+    # ---- launch ----------------------------------------------------------------------------------
+    async def preflight(self) -> dict[int, int]:
+        """Refuse to launch onto a taken port or GPUs that hold memory; returns the idle baseline."""
+        profile = self.profile
+        record = await jobs.load_job(self.host, profile.name)
+        if record is not None and await jobs.job_members(self.host, record):
+            raise LaunchRefused(
+                f"{profile.name} is already running on {self.host.name} (pid {record.pid}, port {record.port}); "
+                "use `tunedash relaunch` or `tunedash kill` first",
+                2,
+            )
+        if await self.host.port_in_use(profile.port):
+            raise LaunchRefused(
+                f"port {profile.port} on {self.host.name} is already in use by another process; stop it or "
+                f"set another `port` in {profile.source}",
+                4,
+            )
+        snapshot = await self.telemetry.sample()
+        if snapshot.error is not None:
+            raise LaunchRefused(
+                f"cannot read the GPUs of {self.host.name}: {snapshot.error.message.strip()}"
+                + (f" ({snapshot.error.hint})" if snapshot.error.hint else ""),
+                4,
+            )
+        verdict = FreeCheck(tuple(profile.gpus), needed=1).feed(snapshot)
+        if not verdict.all_free:
+            detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
+            raise LaunchRefused(
+                f"GPUs of {profile.name} on {self.host.name} are not free: {detail}. "
+                "Kill the holders (or `tunedash free` to wait) before launching",
+                3,
+                verdict.holders,
+            )
+        return learn_baseline(snapshot, tuple(profile.gpus))
+
+    async def launch(self) -> jobs.JobRecord:
+        """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
+        baseline = await self.preflight()
+        profile = self.profile
+        argv = launch_argv(profile)
+        log_path = jobs.log_path_for(self.host, profile.name)
+        self._reset_run()
+        self._marks.pop("LAUNCHING", None)
+        self._set_state(ServerState.LAUNCHING)
+        self._marks["LAUNCHING"] = time.monotonic()
+        spawned = await self.host.spawn_detached(argv, log_path=log_path, env=profile.env or None)
+        me = jobs.who_am_i()
+        now = time.time()
+        record = jobs.JobRecord(
+            profile=profile.name,
+            host=self.host.name,
+            backend=profile.backend,
+            model=profile.model,
+            port=profile.port,
+            argv=list(argv),
+            flags=dict(profile.flags),
+            pid=spawned.pid,
+            pgid=spawned.pgid,
+            start_time=spawned.start_time,
+            log_path=log_path,
+            launched_by=me,
+            launched_at=now,
+            gpus=list(profile.gpus),
+            driver=me,
+            driver_since=now,
+            baseline_mib={str(k): v for k, v in baseline.items()},
+        )
+        self.record = record
+        await jobs.save_job(self.host, record)
+        self._say(f"launched pid {spawned.pid} (group {spawned.pgid}) on {self.host.name}, log {log_path}")
+        self._start_watch(record)
+        return record
+
+    def _reset_run(self) -> None:
+        self.notices = []
+        self.fatal = None
+        self.last_lines.clear()
+        self.holders = ()
+        self.health_ok = None
+        self.last_decode = None
+        for key in ("LAUNCHING", "LOADING", "CAPTURING", "WARMING", "READY", "CRASHED"):
+            self._marks.pop(key, None)
+
+    async def wait_ready(self, timeout_s: float | None = None) -> ServerState:
+        """Wait until READY, CRASHED or STOPPED (or the timeout); returns the state then."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.state in STARTING_STATES:
+            self._state_event.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._state_event.wait(), remaining)
+        return self.state
+
+    # ---- watching --------------------------------------------------------------------------------
+    def _start_watch(self, record: jobs.JobRecord) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        self._watch_task = asyncio.create_task(self._watch(record), name=f"watch {record.profile}")
+
+    async def _watch(self, record: jobs.JobRecord) -> None:
+        parser = LogParser(record.backend)
+        follower = asyncio.create_task(self._follow_log(record, parser))
+        try:
+            while True:
+                await asyncio.sleep(self.liveness_period_s)
+                if self.state in (ServerState.KILLING, ServerState.RELEASING):
+                    continue
+                if not await jobs.job_members(self.host, record):
+                    break
+            # The group is gone on its own: give the log a moment to deliver its last lines.
+            await asyncio.sleep(0.3)
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            for event in parser.flush():
+                self._handle_log_event(event, record)
+            if self.state in LIVE_STATES:
+                self._mark_crashed(record)
+        finally:
+            follower.cancel()
+
+    def _mark_crashed(self, record: jobs.JobRecord) -> None:
+        was = self.state
+        self._set_state(ServerState.CRASHED)
+        reason = self.fatal.text if self.fatal else "the process group exited"
+        when = "while starting" if was in STARTING_STATES else "after it was ready"
+        self._say(f"server crashed {when}: {reason}", "error")
+        record.outcome = "crashed"
+        self._spawn(jobs.save_job(self.host, record))
+
+    async def _follow_log(self, record: jobs.JobRecord, parser: LogParser) -> None:
+        async with contextlib.aclosing(self.host.follow(record.log_path)) as lines:
+            async for line in lines:
+                self.last_lines.append(line)
+                for event in parser.feed(line):
+                    self._handle_log_event(event, record)
+
+    def _handle_log_event(self, event: LogEvent, record: jobs.JobRecord) -> None:
+        self._emit(ServerLogEvent(event))
+        if isinstance(event, PhaseEvent):
+            self._advance(event)
+        elif isinstance(event, ReadyEvent):
+            if self.state in STARTING_STATES:
+                self._set_state(ServerState.READY)
+                times = self.phase_times
+                if "ready" in times:
+                    self._say(f"ready after {times['ready']:.1f} s")
+                else:
+                    self._say("ready")
+                record.outcome = "ready"
+                record.ready_at = time.time()
+                record.phase_times = times
+                self._spawn(self._confirm_health(record))
+        elif isinstance(event, Notice):
+            self.notices.append(event)
+            self._say(event.text, "warning")
+        elif isinstance(event, FatalEvent):
+            self.fatal = event
+            self._say(f"fatal: {event.text}", "error")
+        elif isinstance(event, DecodeStats):
+            self.last_decode = event
+
+    def _advance(self, event: PhaseEvent) -> None:
+        if self.state not in STARTING_STATES:
+            return
+        if event.phase in (Phase.CUDA_GRAPH, Phase.PIECEWISE_CUDA_GRAPH) and event.begin:
+            self._set_state(ServerState.CAPTURING)
+        elif event.phase == Phase.WARMUP:
+            if self.state == ServerState.LAUNCHING:
+                self._set_state(ServerState.LOADING)
+            self._set_state(ServerState.WARMING)
+        elif self.state == ServerState.LAUNCHING and event.phase in (Phase.INIT, Phase.WEIGHTS, Phase.KV_CACHE):
+            self._set_state(ServerState.LOADING)
+
+    async def _confirm_health(self, record: jobs.JobRecord) -> None:
+        health = await check_health(f"http://127.0.0.1:{record.port}")
+        self.health_ok = health.ok
+        if not health.ok:
+            self._say(f"/health did not confirm ready: {health.status or health.error}", "warning")
+        with contextlib.suppress(Exception):
+            await jobs.save_job(self.host, record)
+
+    # ---- kill and free ---------------------------------------------------------------------------
+    async def kill(self, *, confirm_free: bool = True) -> FreeVerdict | None:
+        """SIGTERM the group, wait the grace period, SIGKILL what is left; then confirm the GPUs free."""
+        record = self.record or await jobs.load_job(self.host, self.profile.name)
+        if record is not None:
+            self.record = record
+        members = await jobs.job_members(self.host, record) if record else []
+        if record is None or not members:
+            self._say("no server of this profile is running")
+            if self._watch_task:
+                self._watch_task.cancel()
+            return await self.confirm_free() if confirm_free else None
+        self._marks.pop("KILLING", None)
+        self._marks.pop("RELEASING", None)
+        self._marks.pop("FREE", None)
+        self._set_state(ServerState.KILLING)
+        signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
+        self._say(f"SIGTERM to group {record.pgid} ({len(signalled)} processes)")
+        if not await self._wait_group_gone(record, self.grace_s):
+            left = await jobs.signal_job(self.host, record, signal.SIGKILL)
+            self._say(f"SIGKILL to group {record.pgid} after {self.grace_s:.0f} s grace ({len(left)} left)", "warning")
+            if not await self._wait_group_gone(record, 10.0):
+                remaining = await jobs.job_members(self.host, record)
+                names = ", ".join(f"{p.pid} {p.name} ({p.state})" for p in remaining)
+                self._say(f"processes survive SIGKILL: {names}", "error")
+        if self._watch_task:
+            self._watch_task.cancel()
+        record.outcome = "killed"
+        await jobs.save_job(self.host, record)
+        if not confirm_free:
+            self._set_state(ServerState.STOPPED)
+            return None
+        return await self.confirm_free(record)
+
+    async def _wait_group_gone(self, record: jobs.JobRecord, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not await jobs.job_members(self.host, record):
+                return True
+            await asyncio.sleep(0.05)
+        return not await jobs.job_members(self.host, record)
+
+    async def confirm_free(self, record: jobs.JobRecord | None = None, timeout_s: float | None = None) -> FreeVerdict:
+        """Poll the GPUs until free on two consecutive samples (FREE) or the timeout (STUCK)."""
+        timeout = self.free_timeout_s if timeout_s is None else timeout_s
+        baseline = {int(k): v for k, v in (record.baseline_mib if record else {}).items()}
+        started = time.monotonic()
+        check = FreeCheck(tuple(self.profile.gpus), baseline, not_before=started)
+        self._set_state(ServerState.RELEASING)
+        verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
+        sampler = self._release_telemetry()
+        try:
+            async with asyncio.timeout(timeout):
+                async with contextlib.aclosing(sampler.stream(RELEASE_POLL_MS)) as snapshots:
+                    async for snapshot in snapshots:
+                        verdict = check.feed(snapshot)
+                        self.last_free = verdict
+                        self._emit(FreeProgress(verdict, time.monotonic() - started))
+                        if verdict.confirmed:
+                            break
+        except TimeoutError:
+            pass
+        finally:
+            if sampler is not self.telemetry:
+                await sampler.close()
+        elapsed = time.monotonic() - started
+        used = ", ".join(
+            f"GPU{gpu} {'?' if mib is None else mib} MiB" for gpu, mib in sorted(verdict.used_mib.items())
+        )
+        if verdict.confirmed:
+            self.holders = ()
+            self._set_state(ServerState.FREE)
+            self._say(f"{used} after {elapsed:.1f} s")
+        else:
+            self.holders = verdict.holders
+            self._set_state(ServerState.STUCK)
+            detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
+            self._say(f"GPUs still held after {elapsed:.1f} s: {detail}", "error")
+        return verdict
+
+    def _release_telemetry(self) -> Telemetry:
+        """A tight sampler for confirm-free: memory every 50 ms and a fresh process list as often."""
+        if isinstance(self.telemetry, SmiTelemetry):
+            return SmiTelemetry(self.host, self.profile.gpus, apps_interval_s=RELEASE_POLL_MS / 1000)
+        return self.telemetry
+
+    # ---- relaunch --------------------------------------------------------------------------------
+    async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None) -> ServerState:
+        """kill -> confirm free -> launch -> wait ready, with the new profile (flags)."""
+        for key in list(self._marks):
+            self._marks.pop(key)
+        verdict = await self.kill(confirm_free=True)
+        if verdict is not None and not verdict.confirmed:
+            raise LaunchRefused(
+                "GPUs did not come free after the kill: "
+                + ("; ".join(h.describe() for h in verdict.holders) or verdict.unreadable),
+                3,
+                verdict.holders,
+            )
+        self.profile = profile
+        kept = {k: v for k, v in self._marks.items() if k in ("KILLING", "RELEASING", "FREE")}
+        await self.launch()
+        self._marks.update(kept)
+        return await self.wait_ready(ready_timeout_s)
+
+    async def close(self) -> None:
+        """Stop watching. The server keeps running."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+            self._watch_task = None

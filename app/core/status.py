@@ -1,0 +1,90 @@
+"""A one-shot look at a profile's server: job record + live processes + a replay of its log."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core import jobs
+from app.core.hosts.base import Host, ProcessInfo
+from app.core.logwatch import LogParser
+from app.core.model import FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent, ServerState
+from app.core.profile import Profile
+
+
+@dataclass
+class StatusReport:
+    """What `tunedash status` prints."""
+
+    profile: Profile
+    host: str
+    state: ServerState
+    record: jobs.JobRecord | None
+    members: list[ProcessInfo] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    fatal: str | None = None
+
+
+def state_from_log(events: list[Any]) -> ServerState:
+    """The furthest startup state a log reached."""
+    state = ServerState.LAUNCHING
+    for event in events:
+        if isinstance(event, ReadyEvent):
+            return ServerState.READY
+        if isinstance(event, PhaseEvent):
+            if event.phase in (Phase.CUDA_GRAPH, Phase.PIECEWISE_CUDA_GRAPH):
+                state = ServerState.CAPTURING
+            elif event.phase == Phase.WARMUP:
+                state = ServerState.WARMING
+            elif state == ServerState.LAUNCHING:
+                state = ServerState.LOADING
+    return state
+
+
+async def inspect_job(host: Host, profile: Profile) -> StatusReport:
+    record = await jobs.load_job(host, profile.name)
+    if record is None:
+        return StatusReport(profile, host.name, ServerState.STOPPED, None)
+    members = await jobs.job_members(host, record)
+    text = await host.read_text(record.log_path) or ""
+    parser = LogParser(record.backend)
+    events: list[Any] = []
+    for line in text.splitlines():
+        events.extend(parser.feed(line))
+    events.extend(parser.flush())
+    notices = [e.text for e in events if isinstance(e, Notice)]
+    fatals = [e.text for e in events if isinstance(e, FatalEvent)]
+    if members:
+        state = state_from_log(events)
+    elif record.outcome == "killed":
+        state = ServerState.STOPPED
+    elif record.outcome in ("running", "ready"):
+        state = ServerState.CRASHED
+    else:
+        state = ServerState.CRASHED if record.outcome == "crashed" else ServerState.STOPPED
+    return StatusReport(profile, host.name, state, record, members, notices, fatals[-1] if fatals else None)
+
+
+def status_to_json(report: StatusReport) -> dict[str, Any]:
+    record = report.record
+    data: dict[str, Any] = {
+        "profile": report.profile.name,
+        "host": report.host,
+        "state": report.state.value,
+        "pid": record.pid if record else None,
+        "pgid": record.pgid if record else None,
+        "port": record.port if record else report.profile.port,
+        "backend": record.backend if record else report.profile.backend,
+        "model": record.model if record else report.profile.model,
+        "since": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.launched_at)) if record else None,
+        "launched_by": record.launched_by if record else None,
+        "flags": record.flags if record else dict(report.profile.flags),
+        "phase_times": record.phase_times if record else {},
+        "argv": record.argv if record else None,
+        "log_path": record.log_path if record else None,
+        "processes": [{"pid": p.pid, "name": p.name, "state": p.state} for p in report.members],
+        "notices": report.notices,
+        "fatal": report.fatal,
+    }
+    return data
