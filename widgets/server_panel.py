@@ -1,0 +1,181 @@
+"""Provides ServerPanel and ServerView: the server's lifecycle state, identity, phase times and notices.
+
+CRASHED adds the fatal event and the last log lines; STUCK adds the processes still holding GPU memory.
+Time in state and uptime are computed from a `now` the caller passes, never from the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Static
+
+from app.core.model import ServerState
+from widgets.gpu_panel import NA, format_age
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process still holding memory on a GPU (shown when the server is STUCK)."""
+
+    gpu: int
+    pid: int
+    name: str
+    mib: int | None
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """Everything the server panel shows. `since` is on the caller's clock, the same one as `now`."""
+
+    state: ServerState
+    since: float
+    pid: int | None = None
+    pgid: int | None = None
+    port: int | None = None
+    uptime_s: float | None = None
+    backend: str | None = None
+    version: str | None = None
+    model: str | None = None
+    phase_times: Mapping[str, float] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()
+    fatal: str | None = None
+    last_lines: tuple[str, ...] = ()
+    holders: tuple[Holder, ...] = ()
+
+
+_STATE_CLASS = {
+    ServerState.READY: "-good",
+    ServerState.FREE: "-idle",
+    ServerState.STOPPED: "-idle",
+    ServerState.CRASHED: "-bad",
+    ServerState.STUCK: "-bad",
+    ServerState.KILLING: "-busy",
+    ServerState.RELEASING: "-busy",
+}
+"""State -> CSS class; every other state (LAUNCHING, LOADING, CAPTURING, WARMING) is "-starting"."""
+
+
+def _or_na(value: object) -> str:
+    return NA if value is None else str(value)
+
+
+def state_line(view: ServerView, now: float) -> str:
+    """ "READY for 2m03s"."""
+    return f"{view.state.value} for {format_age(now - view.since)}"
+
+
+def identity_line(view: ServerView) -> str:
+    """pid/pgid, port, uptime, backend and version, model."""
+    uptime = NA if view.uptime_s is None else format_age(view.uptime_s)
+    backend = " ".join(x for x in (view.backend, view.version) if x) or NA
+    parts = [
+        f"pid {_or_na(view.pid)}/{_or_na(view.pgid)}",
+        f"port {_or_na(view.port)}",
+        f"up {uptime}",
+        backend,
+    ]
+    if view.model:
+        parts.append(view.model)
+    return "  ".join(parts)
+
+
+def phases_line(view: ServerView) -> str:
+    """ "last launch: weights 12.1s · kv_cache 3.0s · total 41.3s" or "" when none."""
+    if not view.phase_times:
+        return ""
+    return "last launch: " + " · ".join(f"{name} {secs:.1f}s" for name, secs in view.phase_times.items())
+
+
+def holders_text(holders: tuple[Holder, ...]) -> str:
+    """One line per holder: "GPU0  48921 python  81000 MiB"."""
+    if not holders:
+        return "still held, holders unknown"
+    lines = ["GPU memory still held by:"]
+    for h in holders:
+        mib = f"{h.mib} MiB" if h.mib is not None else f"{NA} MiB"
+        lines.append(f"  GPU{h.gpu}  {h.pid} {h.name}  {mib}")
+    return "\n".join(lines)
+
+
+class ServerPanel(Widget):
+    """The server: state, identity, launch phases, notices, and the crash or stuck details.
+
+    Call `update(view, now)` when the view changes and `tick(now)` to refresh the time in state.
+    The state line carries a CSS class: -good (READY), -bad (CRASHED, STUCK), -busy (KILLING,
+    RELEASING), -idle (FREE, STOPPED), -starting (the rest).
+    """
+
+    DEFAULT_CSS = """
+    ServerPanel {
+        height: auto;
+        border: round $panel-lighten-2;
+        border-title-color: $text-muted;
+        padding: 0 1;
+        & > Static { height: auto; }
+        .server-state { text-style: bold; color: $primary; }
+        .server-state.-good { color: $success; }
+        .server-state.-bad { color: $error; }
+        .server-state.-busy { color: $warning; }
+        .server-state.-idle { color: $text-muted; }
+        .server-phases { color: $text-muted; }
+        .server-notices { color: $warning; }
+        .server-fatal { color: $error; text-style: bold; }
+        .server-lines { color: $text-muted; }
+        .server-holders { color: $error; }
+        .-empty { display: none; }
+    }
+    """
+
+    MAX_NOTICES = 3
+    """How many of the latest notices are shown."""
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.border_title = "Server"
+        self._view: ServerView | None = None
+        self._texts: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        """One Static per block; empty blocks are hidden."""
+        yield Static("no server", classes="server-state -idle")
+        for name in ("identity", "phases", "notices", "fatal", "lines", "holders"):
+            yield Static(classes=f"server-{name} -empty", markup=False)
+
+    @property
+    def view(self) -> ServerView | None:
+        """The last view shown."""
+        return self._view
+
+    def update(self, view: ServerView, now: float) -> None:
+        """Show a new view of the server."""
+        self._view = view
+        state = self.query_one(".server-state", Static)
+        for cls in ("-good", "-bad", "-busy", "-idle", "-starting"):
+            state.set_class(_STATE_CLASS.get(view.state, "-starting") == cls, cls)
+        self._set("identity", identity_line(view))
+        self._set("phases", phases_line(view))
+        notices = view.notices[-self.MAX_NOTICES :]
+        self._set("notices", "\n".join(f"! {n}" for n in notices))
+        crashed = view.state is ServerState.CRASHED
+        self._set("fatal", (view.fatal or "exited before ready, no fatal line found") if crashed else "")
+        self._set("lines", "\n".join(view.last_lines) if crashed else "")
+        self._set("holders", holders_text(view.holders) if view.state is ServerState.STUCK else "")
+        self.tick(now)
+
+    def tick(self, now: float) -> None:
+        """Refresh the time in state."""
+        if self._view is not None:
+            self._set("state", state_line(self._view, now))
+
+    def _set(self, block: str, text: str) -> None:
+        if self._texts.get(block) == text:
+            return
+        self._texts[block] = text
+        static = self.query_one(f".server-{block}", Static)
+        static.update(text)
+        if block != "state":
+            static.set_class(not text, "-empty")
