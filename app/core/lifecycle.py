@@ -34,7 +34,7 @@ from app.core.model import (
     ServerState,
 )
 from app.core.probes import check_health
-from app.core.profile import Profile, launch_argv
+from app.core.profile import Profile, launch_argv, launch_env
 from app.core.telemetry import SmiTelemetry, Telemetry
 
 LIVE_STATES = {
@@ -230,7 +230,7 @@ class ServerLifecycle:
         self._marks.pop("LAUNCHING", None)
         self._set_state(ServerState.LAUNCHING)
         self._marks["LAUNCHING"] = time.monotonic()
-        spawned = await self.host.spawn_detached(argv, log_path=log_path, env=profile.env or None)
+        spawned = await self.host.spawn_detached(argv, log_path=log_path, env=launch_env(profile))
         me = jobs.who_am_i()
         now = time.time()
         record = jobs.JobRecord(

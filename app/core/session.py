@@ -1,0 +1,293 @@
+"""Session: everything one dashboard shows about one profile's server, and the commands it can give.
+
+The Session owns the lifecycle, a GPU telemetry stream, the throughput series (from the server's log
+and from the probe client), the relaunch markers, the event log (kept across relaunches), the server
+log lines, and the pending flags (what the next relaunch will use). The TUI reads its fields at a
+bounded rate and calls its commands; nothing here imports a UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag
+from app.core.hosts.base import Host
+from app.core.lifecycle import (
+    ActionLogged,
+    LaunchRefused,
+    LifecycleEvent,
+    ServerLifecycle,
+    ServerLogEvent,
+    StateChanged,
+)
+from app.core.loadgen import probe_loop
+from app.core.model import DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats, ThroughputPoint
+from app.core.probes import server_info
+from app.core.profile import FlagChange, Profile, describe_change, flag_diff, launch_argv
+from app.core.telemetry import Telemetry, telemetry_for
+
+
+class ReadOnlyError(Exception):
+    """A command that signals or launches was refused because the session is read-only."""
+
+
+@dataclass(frozen=True)
+class RelaunchMarker:
+    """Where a relaunch happened on the throughput chart, and with which change ("steps 1 -> 3")."""
+
+    at: float
+    text: str
+
+
+class Session:
+    """One profile's server on one host, as the dashboard sees and drives it."""
+
+    def __init__(
+        self,
+        host: Host,
+        profile: Profile,
+        *,
+        readonly: bool = False,
+        telemetry: Telemetry | None = None,
+        sample_period_ms: int = 250,
+        probe: bool = False,
+    ) -> None:
+        self.host = host
+        self.profile = profile  # what runs (or would run on launch)
+        self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
+        self.readonly = readonly
+        self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
+        self.sample_period_ms = sample_period_ms
+        self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
+        self.lifecycle.subscribe(self._on_lifecycle)
+        self.snapshot: GpuSnapshot | None = None
+        self.throughput: deque[ThroughputPoint] = deque(maxlen=4000)
+        self.markers: list[RelaunchMarker] = []
+        self.events: deque[ActionLogged] = deque(maxlen=2000)
+        self.log_lines: deque[str] = deque(maxlen=5000)
+        self.server_version: str | None = None
+        self.probe_wanted = probe
+        self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
+        self.changed = asyncio.Event()  # set whenever something worth redrawing happened
+        self._listeners: list[Callable[[LifecycleEvent], None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._telemetry_task: asyncio.Task[None] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self._command_task: asyncio.Task[None] | None = None
+
+    # ---- wiring ----------------------------------------------------------------------------------
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> None:
+        self._listeners.append(listener)
+
+    def _note(self, text: str, level: str = "info") -> None:
+        self._on_lifecycle(ActionLogged(text, level))
+
+    def _on_lifecycle(self, event: LifecycleEvent) -> None:
+        if isinstance(event, ActionLogged):
+            self.events.append(event)
+        elif isinstance(event, StateChanged):
+            self._on_state(event.state)
+        elif isinstance(event, ServerLogEvent):
+            payload = event.event
+            if isinstance(payload, DecodeStats):
+                self.throughput.append(ThroughputPoint(time.time(), payload.gen_tps, "log", payload.accept_len))
+            elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None and self.throughput:
+                last = self.throughput[-1]
+                self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
+        for listener in list(self._listeners):
+            listener(event)
+        self.changed.set()
+
+    def _on_state(self, state: ServerState) -> None:
+        if state == ServerState.READY:
+            self._spawn(self._read_version())
+            if self.probe_wanted:
+                self._start_probe()
+        elif state not in (ServerState.READY,):
+            self._stop_probe()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self) -> None:
+        """Re-attach to a running server of this profile (its flags become the running ones) and sample."""
+        self._telemetry_task = asyncio.create_task(self._sample_gpus())
+        record = None
+        with contextlib.suppress(Exception):
+            attached = await self.lifecycle.attach()
+            record = self.lifecycle.record if attached else None
+        if record is not None:
+            self.profile = replace(self.profile, flags=dict(record.flags))
+            self.lifecycle.profile = self.profile
+            self.pending_flags = dict(record.flags)
+            self._spawn(self._tail_log(record.log_path))
+        self.changed.set()
+
+    async def stop(self) -> None:
+        """Stop watching and sampling. The server keeps running."""
+        for task in [self._telemetry_task, self._probe_task, self._command_task, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        await self.lifecycle.close()
+        with contextlib.suppress(Exception):
+            await self.telemetry.close()
+
+    async def _sample_gpus(self) -> None:
+        async with contextlib.aclosing(self.telemetry.stream(self.sample_period_ms)) as snapshots:
+            async for snapshot in snapshots:
+                self.snapshot = snapshot
+                self.changed.set()
+
+    async def _tail_log(self, path: str) -> None:
+        self.log_lines.clear()
+        async with contextlib.aclosing(self.host.follow(path)) as lines:
+            async for line in lines:
+                self.log_lines.append(line)
+
+    async def _read_version(self) -> None:
+        info = await server_info(f"http://127.0.0.1:{self.profile.port}", self.profile.backend)
+        if info:
+            version = info.get("version")
+            self.server_version = str(version) if version is not None else None
+            self.changed.set()
+
+    # ---- probe -----------------------------------------------------------------------------------
+    def set_probe(self, on: bool) -> None:
+        """Turn the continuous single-stream probe on or off (it runs only while the server is READY)."""
+        self.probe_wanted = on
+        if on and self.lifecycle.state == ServerState.READY:
+            self._start_probe()
+        elif not on:
+            self._stop_probe()
+        self._note(f"probe {'on' if on else 'off'}")
+
+    def _start_probe(self) -> None:
+        if self._probe_task is not None and not self._probe_task.done():
+            return
+
+        def on_point(point: ThroughputPoint) -> None:
+            self.throughput.append(point)
+            self.changed.set()
+
+        def on_error(message: str) -> None:
+            if self.lifecycle.state == ServerState.READY:
+                self._note(f"probe request failed: {message}", "warning")
+
+        base = f"http://127.0.0.1:{self.profile.port}"
+        self._probe_task = asyncio.create_task(probe_loop(base, self.profile.model, on_point, on_error))
+
+    def _stop_probe(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            self._probe_task = None
+
+    # ---- pending flags ---------------------------------------------------------------------------
+    @property
+    def pending_changes(self) -> list[FlagChange]:
+        return flag_diff(self.profile.flags, self.pending_flags)
+
+    @property
+    def pending_profile(self) -> Profile:
+        return replace(self.profile, flags=dict(self.pending_flags))
+
+    def running_argv(self) -> list[str]:
+        return launch_argv(self.profile)
+
+    def pending_argv(self) -> list[str]:
+        return launch_argv(self.pending_profile)
+
+    def press_toggle(self, toggle: Toggle) -> str:
+        """Apply one press of a toggle to the pending flags; returns what changed, for the event log."""
+        try:
+            self.pending_flags = apply_toggle(self.pending_flags, toggle)
+        except FlagError as exc:
+            self._note(str(exc), "warning")
+            return str(exc)
+        self.changed.set()
+        return self.describe_pending()
+
+    def set_pending_flag(self, name: str, value: FlagValue | None) -> None:
+        self.pending_flags = set_flag(self.pending_flags, name, value)
+        self.changed.set()
+
+    def undo_pending(self) -> None:
+        self.pending_flags = dict(self.profile.flags)
+        self._note("pending changes undone")
+
+    def describe_pending(self) -> str:
+        return ", ".join(describe_change(c, self.profile.toggles) for c in self.pending_changes) or "no change"
+
+    # ---- commands --------------------------------------------------------------------------------
+    def _guard(self, what: str) -> None:
+        if self.readonly:
+            raise ReadOnlyError(f"read-only session: {what} is disabled")
+
+    def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
+        """Run one command at a time in the background; False when another is still running."""
+        self._guard(name)
+        if self._command_task is not None and not self._command_task.done():
+            self._note(f"{self.busy} still in progress; {name} ignored", "warning")
+            return False
+
+        async def runner() -> None:
+            self.busy = name
+            try:
+                await coro_factory()
+            except LaunchRefused as refused:
+                self._note(str(refused), "error")
+            except Exception as exc:  # shown to the user, never swallowed silently
+                self._note(f"{name} failed: {exc}", "error")
+            finally:
+                self.busy = None
+                self.changed.set()
+
+        self._command_task = asyncio.create_task(runner())
+        return True
+
+    async def launch(self) -> None:
+        self._guard("launch")
+        self.lifecycle.profile = self.pending_profile
+        await self.lifecycle.launch()
+        self.profile = self.pending_profile
+        self._spawn(self._tail_log(self.lifecycle.record.log_path if self.lifecycle.record else ""))
+
+    async def kill(self) -> None:
+        self._guard("kill")
+        self._stop_probe()
+        await self.lifecycle.kill(confirm_free=True)
+
+    async def confirm_free(self) -> None:
+        self._guard("confirm free")
+        await self.lifecycle.confirm_free(self.lifecycle.record)
+
+    async def relaunch(self) -> None:
+        """kill -> confirm free -> launch -> ready with the pending flags; marks the chart with the change."""
+        self._guard("relaunch")
+        change = self.describe_pending()
+        new_profile = self.pending_profile
+        self._stop_probe()
+        self._note(f"relaunch: {change}")
+        self.markers.append(RelaunchMarker(time.time(), change))
+        await self.lifecycle.kill(confirm_free=True)
+        if self.lifecycle.state != ServerState.FREE:
+            self._note("relaunch stopped: the GPUs did not come free", "error")
+            return
+        self.lifecycle.profile = new_profile
+        await self.lifecycle.launch()
+        self.profile = new_profile
+        if self.lifecycle.record is not None:
+            self._spawn(self._tail_log(self.lifecycle.record.log_path))
+        state = await self.lifecycle.wait_ready()
+        times = self.lifecycle.phase_times
+        if state == ServerState.READY:
+            parts = ", ".join(f"{k} {v:.1f}s" for k, v in times.items())
+            self._note(f"relaunched with {change}: {parts}")
