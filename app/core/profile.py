@@ -1,0 +1,317 @@
+"""Profiles: TOML files -> validated, frozen Profile; finding them; --set/--unset; launch argv; flag diffs.
+
+Profile TOML schema (every key; anything else is an error naming the file and the key):
+
+    name        str        display name                      default: the file name without .toml
+    description str        one line shown in lists           default: ""
+    host        str        "sim" | "local" | "ssh://[user@]host[:port]" | an ssh config alias
+                                                             default: "local"
+    backend     str        "sglang" | "vllm"                 required
+    python      str        interpreter on the host           default: "python3"; host "sim": this Python
+    module      str        module run with `python -m`       default: host "sim" + sglang: app.sim.sglang;
+                                                             sglang: sglang.launch_server;
+                                                             vllm: vllm.entrypoints.openai.api_server
+    model       str        weights (HF id or folder)         required; rendered as --model-path (sglang)
+                                                             or --model (vllm)
+    port        int        server port                       default: 30000 (sglang), 8000 (vllm)
+    gpus        [int]      GPU indices the server uses       default: 0..tp-1 (tp-size/tensor-parallel-size)
+    env         {str=str}  extra environment of the server   default: {}
+    sim_state   str        state folder of the simulated host (relative: to the profile's folder)
+                                                             default: unset (the simulator decides)
+    [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
+                typed by the catalog (app.core.flag_catalog); JSON flags as inline tables, e.g.
+                speculative-config = { method = "ngram", num_speculative_tokens = 3 }.
+                model-path/model and port are top-level keys, not flags.
+    [toggles]   merged over the backend's built-in toggles (app.core.flags), keyed by the key character:
+                [toggles.s] label = "steps", cycle = "speculative-num-steps", values = [1, 2, 3]
+                [toggles.g] label = "pcg", flip = "enforce-piecewise-cuda-graph"
+                [toggles.m] label = "mem", set = "mem-fraction-static", value = 0.85
+                [toggles.o] cycle = ["disable-overlap-schedule", "enable-single-batch-overlap"],
+                            values = [[false, false], [false, true]], names = ["sched", "sched+sbo"]
+                optional in each: label (default: the flag), names, default (the value(s) the server
+                uses when the flag is unset), requires (a flag that must be set), help.
+                `g = false` removes a built-in toggle.
+    [bench]     concurrency (4), requests (32), input_len (512), output_len (256), warmup (2 requests),
+                trials (3), endpoint ("completions" | "chat", "completions"), seed (0)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+import app
+from app.core.flags import (
+    FlagError,
+    FlagSpec,
+    FlagValue,
+    Toggle,
+    catalog,
+    format_value,
+    lookup_flag,
+    parse_json_scalar,
+    parse_value,
+    render_flag,
+    set_flag,
+    sync_draft_tokens,
+    toggle_for_flag,
+    unknown_flag_message,
+)
+from app.core.profile_toml import DEFAULT_MODULES, DEFAULT_PORTS, ENDPOINTS, RESERVED_FLAGS, ProfileReader
+from app.core.profile_types import BenchSettings, FlagChange, Profile, ProfileError
+
+__all__ = [
+    "DEFAULT_MODULES",
+    "DEFAULT_PORTS",
+    "ENDPOINTS",
+    "MODEL_FLAG",
+    "BenchSettings",
+    "FlagChange",
+    "Profile",
+    "ProfileError",
+    "apply_overrides",
+    "describe_change",
+    "find_profiles",
+    "flag_diff",
+    "launch_argv",
+    "launch_env",
+    "load_profile",
+    "parse_profile",
+    "profile_diff",
+    "profile_dirs",
+    "resolve_profile",
+]
+
+MODEL_FLAG = {"sglang": "model-path", "vllm": "model"}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_profile(path: Path) -> Profile:
+    """Read and validate one profile file. Raises ProfileError naming the file, the key and the fix."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+    return parse_profile(text, Path(path))
+
+
+def parse_profile(text: str, source: Path) -> Profile:
+    """Validate TOML `text` as the profile file `source`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        where = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        if where:
+            detail = message[: where.start()].strip()
+            raise ProfileError(f"{source}:{where[1]}:{where[2]}: invalid TOML: {detail} "
+                               f"(line {where[1]}, column {where[2]})") from None
+        raise ProfileError(f"{source}: invalid TOML: {message}") from None
+    return ProfileReader(source).read(data)
+
+
+# ---------------------------------------------------------------- finding
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up, first match wins: the user's config dir, then the shipped ones."""
+    user = Path(platformdirs.user_config_dir("tunedash")) / "profiles"
+    package = Path(app.__file__).parent
+    shipped = package.parent / "profiles"
+    if not shipped.is_dir():
+        shipped = package / "_profiles"  # wheel install: pyproject force-includes profiles/ here
+    return [user, shipped]
+
+
+def find_profiles(dirs: Sequence[Path] | None = None) -> list[tuple[str, Path]]:
+    """(name, path) of every *.toml profile, sorted by name; a user's file shadows a shipped one."""
+    found: dict[str, Path] = {}
+    for folder in profile_dirs() if dirs is None else dirs:
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.toml")):
+                found.setdefault(path.stem, path)
+    return sorted(found.items())
+
+
+def resolve_profile(name_or_path: str, dirs: Sequence[Path] | None = None) -> Profile:
+    """Load a profile from a path ("./my.toml") or by name ("demo"); an unknown name lists the known ones."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".toml" or "/" in name_or_path or path.is_file():
+        if not path.is_file():
+            raise ProfileError(f"{path}: no such profile file")
+        return load_profile(path)
+    available = find_profiles(dirs)
+    for name, found in available:
+        if name == name_or_path:
+            return load_profile(found)
+    names = [name for name, _ in available]
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    searched = ", ".join(str(d) for d in (profile_dirs() if dirs is None else dirs))
+    raise ProfileError(f"no profile named {name_or_path!r}; {hint}available: {', '.join(names) or 'none'} "
+                       f"(searched {searched})")
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def apply_overrides(profile: Profile, sets: Sequence[str], unsets: Sequence[str]) -> Profile:
+    """The profile with `--set FLAG=VALUE` and `--unset FLAG` applied (sets first, then unsets).
+
+    FLAG is a full flag name or alias, with or without the leading "--". VALUE is typed by the catalog:
+    booleans take true or false, numbers and choices as written, JSON flags take JSON text
+    (`speculative-config={"method":"ngram","num_speculative_tokens":3}`), and one key of a JSON flag is set
+    with a dotted name (`speculative-config.num_speculative_tokens=3`; the value is read as JSON when it
+    parses, else as text). `port=N` and `model-path=X` (vLLM: `model=X`) set the profile's port and model.
+    Setting --speculative-num-steps alone keeps --speculative-num-draft-tokens at steps + 1 when topk is 1
+    (what SGLang forces anyway). Unsetting an absent flag is not an error. Bad input raises ProfileError
+    naming the flag.
+    """
+    flags = dict(profile.flags)
+    top: dict[str, Any] = {}
+    set_names: set[str] = set()
+    for item in sets:
+        name, sep, text = item.partition("=")
+        bare = name.strip().lstrip("-")
+        if not sep or not bare:
+            raise ProfileError(f"--set {item!r}: expected FLAG=VALUE, e.g. --set speculative-num-steps=3")
+        head, dot, sub = bare.partition(".")
+        spec = _override_spec(profile.backend, head, f"--set {bare}")
+        if spec.name in RESERVED_FLAGS:
+            top[RESERVED_FLAGS[spec.name]] = _reserved_value(spec, text, bare)
+            continue
+        try:
+            if dot:
+                if spec.kind != "json" or not sub:
+                    raise FlagError(f"--{spec.name} is not a JSON flag, so it has no key {sub!r}")
+                flags = set_flag(flags, f"{spec.name}.{sub}", parse_json_scalar(text))
+            else:
+                value = parse_value(spec, text)
+                flags = set_flag(flags, spec.name, None if value is False and not spec.negatable else value)
+        except FlagError as exc:
+            raise ProfileError(f"--set {bare}: {exc}") from None
+        set_names.add(spec.name)
+    if "speculative-num-steps" in set_names and "speculative-num-draft-tokens" not in set_names:
+        flags = sync_draft_tokens(flags)
+    for item in unsets:
+        bare = item.strip().lstrip("-")
+        head, dot, sub = bare.partition(".")
+        spec = _override_spec(profile.backend, head, f"--unset {bare}")
+        if spec.name in RESERVED_FLAGS:
+            raise ProfileError(f"--unset {bare}: the {RESERVED_FLAGS[spec.name]} cannot be unset; --set it instead")
+        if spec.name in set_names:
+            raise ProfileError(f"--unset {bare}: --{spec.name} is also given to --set; keep one of the two")
+        flags = set_flag(flags, f"{spec.name}.{sub}" if dot else spec.name, None)
+    return replace(profile, flags=flags, **top)
+
+
+def _override_spec(backend: str, name: str, where: str) -> FlagSpec:
+    spec = lookup_flag(backend, name)
+    if spec is None:
+        raise ProfileError(f"{where}: {unknown_flag_message(backend, name)}")
+    return spec
+
+
+def _reserved_value(spec: FlagSpec, text: str, where: str) -> Any:
+    try:
+        value = parse_value(spec, text)
+    except FlagError as exc:
+        raise ProfileError(f"--set {where}: {exc}") from None
+    if spec.name == "port" and not 0 < int(value) < 65536:  # type: ignore[arg-type]
+        raise ProfileError(f"--set {where}: expected a port 1-65535, got {text!r}")
+    if spec.name != "port" and not str(value).strip():
+        raise ProfileError(f"--set {where}: the model cannot be empty")
+    return value
+
+
+# ---------------------------------------------------------------- rendering and diffs
+
+
+def launch_argv(profile: Profile) -> list[str]:
+    """The server's command line as an argv list: python -m MODULE --model-path M --port P FLAGS...
+
+    vLLM gets `--model M` (the api_server module's form). Flags come in catalog order, so two profiles
+    with the same flags render the same argv: True booleans as "--flag", False ones not at all (or
+    "--no-flag" for negatable vLLM flags), JSON flags as compact JSON.
+    """
+    argv = [profile.python, "-m", profile.module, f"--{MODEL_FLAG[profile.backend]}", profile.model,
+            "--port", str(profile.port)]
+    specs = catalog(profile.backend)
+    unknown = [name for name in profile.flags if name not in specs]
+    if unknown:
+        raise ProfileError(f"{profile.source}: flags.{unknown[0]}: {unknown_flag_message(profile.backend, unknown[0])}")
+    for name, spec in specs.items():
+        if name in profile.flags:
+            argv += render_flag(spec, profile.flags[name])
+    return argv
+
+
+def launch_env(profile: Profile) -> dict[str, str]:
+    """The profile's env plus CUDA_VISIBLE_DEVICES from `gpus` (unless env sets it or gpus is empty)."""
+    env = dict(profile.env)
+    if profile.gpus and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in profile.gpus)
+    return env
+
+
+def flag_diff(old_flags: Mapping[str, FlagValue], new_flags: Mapping[str, FlagValue]) -> list[FlagChange]:
+    """What changed from `old_flags` to `new_flags`, in the old order then the new flags' order.
+
+    When a JSON flag is in both (or appears/disappears with a single key, as a toggle does it), its
+    changed keys are reported one by one with dotted names ("speculative-config.num_speculative_tokens").
+    """
+    changes: list[FlagChange] = []
+    for name in [*old_flags, *(n for n in new_flags if n not in old_flags)]:
+        old, new = old_flags.get(name), new_flags.get(name)
+        if old == new:
+            continue
+        before = old if isinstance(old, dict) else {} if old is None else None
+        after = new if isinstance(new, dict) else {} if new is None else None
+        if before is not None and after is not None and (old is not None and new is not None
+                                                         or len(before) + len(after) == 1):
+            for key in [*before, *(k for k in after if k not in before)]:
+                if before.get(key) != after.get(key):
+                    changes.append(FlagChange(f"{name}.{key}", before.get(key), after.get(key)))
+        else:
+            changes.append(FlagChange(name, old, new))
+    return changes
+
+
+def profile_diff(old: Profile, new: Profile) -> list[FlagChange]:
+    """flag_diff of the whole command lines: the model and port first, then the flags."""
+    changes = [FlagChange(f, a, b) for f, a, b in (
+        (MODEL_FLAG[old.backend], old.model, new.model), ("port", old.port, new.port)) if a != b]
+    return changes + flag_diff(old.flags, new.flags)
+
+
+def describe_change(change: FlagChange, toggles: Sequence[Toggle] = ()) -> str:
+    """One change for people: "steps 1 -> 3" when a one-flag toggle covers the flag, else "--flag old -> new".
+
+    An absent boolean reads "off", an absent value with a toggle default reads as that default
+    ("graphs FULL_AND_PIECEWISE -> NONE"), other absent values read "unset".
+    """
+    toggle = toggle_for_flag(toggles, change.flag)
+    if toggle is not None and len(toggle.flags) == 1:
+        label = toggle.label
+    elif toggle is not None:
+        label = f"{toggle.label}: --{change.flag}"
+    else:
+        label = f"--{change.flag}"
+    boolean = isinstance(change.old, bool) or isinstance(change.new, bool)
+    unset = "unset"
+    if boolean:
+        unset = "off"
+    elif toggle is not None and toggle.defaults and len(toggle.flags) == 1:
+        unset = format_value(toggle.defaults[0])
+    old = unset if change.old is None else format_value(change.old)
+    new = unset if change.new is None else format_value(change.new)
+    return f"{label} {old} -> {new}"

@@ -1,0 +1,280 @@
+"""Validation of a profile's parsed TOML (the schema is in app.core.profile's docstring)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.core.flags import (
+    BACKENDS,
+    FlagError,
+    FlagSpec,
+    FlagValue,
+    Toggle,
+    check_value,
+    default_toggles,
+    flip,
+    lookup_flag,
+    unknown_flag_message,
+)
+from app.core.profile_types import BenchSettings, Profile, ProfileError
+
+DEFAULT_MODULES = {
+    ("sim", "sglang"): "app.sim.sglang",
+    ("", "sglang"): "sglang.launch_server",
+    ("", "vllm"): "vllm.entrypoints.openai.api_server",  # not `vllm serve`: research/vllm-cpu.md quirk 2
+}
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+# Flags that are top-level profile keys instead.
+RESERVED_FLAGS = {"model-path": "model", "model": "model", "port": "port"}
+ENDPOINTS = ("completions", "chat")
+
+
+class ProfileReader:
+    """Validates the parsed TOML of one file; every error names `source`."""
+
+    TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
+                "sim_state", "flags", "toggles", "bench")
+    TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+
+    def fail(self, key: str, problem: str) -> ProfileError:
+        return ProfileError(f"{self.source}: {key}: {problem}")
+
+    def unknown_keys(self, table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}"
+                raise self.fail(prefix + key, f"unknown key; {hint}")
+
+    def typed(self, table: Mapping[str, Any], key: str, kind: type, prefix: str = "") -> Any:
+        value = table[key]
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+        raise self.fail(prefix + key, f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
+
+    def read(self, data: dict[str, Any]) -> Profile:
+        self.unknown_keys(data, self.TOP_KEYS, "")
+        for key in ("backend", "model"):
+            if key not in data:
+                raise self.fail(key, "missing; every profile needs backend and model")
+        backend = self.typed(data, "backend", str)
+        if backend not in BACKENDS:
+            raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        got = {key: self.typed(data, key, kind) for key, kind in _TOP_TYPES.items() if key in data}
+        host = self.host(got.get("host", "local"))
+        flags = self.flags(got.get("flags", {}), backend)
+        module = got.get("module") or _default_module(host, backend)
+        if not module:
+            raise self.fail("module", "the simulated host only runs sglang; use backend = \"sglang\" or set "
+                            "module to a simulator module")
+        port = got.get("port", DEFAULT_PORTS[backend])
+        if not 0 < port < 65536:
+            raise self.fail("port", f"expected 1-65535, got {port}")
+        python = got.get("python") or (sys.executable if host == "sim" else "python3")
+        sim_state = got.get("sim_state")
+        return Profile(
+            name=got.get("name", self.source.stem),
+            source=self.source,
+            host=host,
+            backend=backend,
+            python=python,
+            model=got["model"],
+            port=port,
+            gpus=self.gpus(got["gpus"]) if "gpus" in got else _default_gpus(flags),
+            env=self.env(got.get("env", {})),
+            flags=flags,
+            toggles=self.toggles(got.get("toggles", {}), backend),
+            bench=self.bench(got.get("bench", {})),
+            module=module,
+            sim_state=self.sim_state(sim_state) if sim_state is not None else None,
+            description=got.get("description", ""),
+        )
+
+    def host(self, host: str) -> str:
+        if host in ("sim", "local"):
+            return host
+        if host.startswith("ssh://"):
+            try:
+                parts = urlsplit(host)
+                port_ok = parts.port is None or parts.port > 0
+            except ValueError:
+                port_ok = False
+            if parts.hostname and port_ok and parts.path in ("", "/") and not parts.query:
+                return host
+            raise self.fail("host", f"cannot read {host!r}; write ssh://user@host:port (user and port optional)")
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
+            return host  # an ssh config alias
+        raise self.fail("host", f"expected \"sim\", \"local\", \"ssh://user@host:port\" or an ssh config alias, "
+                        f"got {host!r}")
+
+    def gpus(self, gpus: list[Any]) -> tuple[int, ...]:
+        for i, index in enumerate(gpus):
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise self.fail(f"gpus[{i}]", f"expected a GPU index (integer >= 0), got {_describe(index)}")
+        if len(set(gpus)) != len(gpus):
+            raise self.fail("gpus", f"a GPU is listed twice: {gpus}")
+        return tuple(gpus)
+
+    def env(self, env: dict[str, Any]) -> dict[str, str]:
+        for key, value in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise self.fail(f"env.{key}", "not a valid environment variable name")
+            if not isinstance(value, str):
+                raise self.fail(f"env.{key}", f"expected a string (quote it: \"{value}\"), got {_describe(value)}")
+        return dict(env)
+
+    def sim_state(self, raw: str) -> Path:
+        path = Path(raw).expanduser()
+        return path if path.is_absolute() else self.source.parent / path
+
+    def flags(self, table: dict[str, Any], backend: str) -> dict[str, FlagValue]:
+        flags: dict[str, FlagValue] = {}
+        for key, raw in table.items():
+            spec = self.flag_spec(backend, key, f"flags.{key}")
+            if spec.name in flags:
+                raise self.fail(f"flags.{key}", f"--{spec.name} is set twice (under two spellings)")
+            try:
+                value = check_value(spec, raw)
+            except FlagError as exc:
+                raise self.fail(f"flags.{key}", str(exc)) from None
+            if value is not False or spec.negatable:
+                flags[spec.name] = value
+        return flags
+
+    def flag_spec(self, backend: str, name: str, key: str) -> FlagSpec:
+        bare = name.lstrip("-")
+        if bare in RESERVED_FLAGS or bare.replace("_", "-") in RESERVED_FLAGS:
+            top = RESERVED_FLAGS[bare.replace("_", "-")]
+            raise self.fail(key, f"--{bare} comes from the top-level key `{top}`; set it there")
+        spec = lookup_flag(backend, bare)
+        if spec is None:
+            raise self.fail(key, unknown_flag_message(backend, bare))
+        return spec
+
+    def toggles(self, table: dict[str, Any], backend: str) -> tuple[Toggle, ...]:
+        merged = {toggle.key: toggle for toggle in default_toggles(backend)}
+        for key, entry in table.items():
+            where = f"toggles.{key}"
+            if len(key) != 1 or not key.isprintable() or key.isspace():
+                raise self.fail(where, "a toggle's key is one character, e.g. [toggles.s]")
+            if entry is False:
+                merged.pop(key, None)
+                continue
+            if not isinstance(entry, dict):
+                raise self.fail(where, f"expected a table (or false to remove it), got {_describe(entry)}")
+            merged[key] = self.toggle(key, entry, backend)
+        return tuple(merged.values())
+
+    def toggle(self, key: str, entry: dict[str, Any], backend: str) -> Toggle:
+        where = f"toggles.{key}"
+        self.unknown_keys(entry, self.TOGGLE_KEYS, where + ".")
+        kinds = [kind for kind in ("cycle", "flip", "set") if kind in entry]
+        if len(kinds) != 1:
+            raise self.fail(where, "needs exactly one of cycle = ..., flip = ... or set = ...")
+        kind = kinds[0]
+        opt = {k: self.typed(entry, k, str, where + ".") for k in ("label", "requires", "help") if k in entry}
+        if kind == "flip":
+            name = self.typed(entry, "flip", str, where + ".")
+            spec = self.flag_spec(backend, name, where + ".flip")
+            if spec.kind != "bool":
+                raise self.fail(where + ".flip", f"--{spec.name} is not a boolean flag; use cycle or set")
+            made = flip(key, opt.get("label", spec.name), backend, spec.name, opt.get("help", ""))
+            return replace(made, requires=opt.get("requires", ""))
+        raw_flags = entry[kind]
+        names = [raw_flags] if isinstance(raw_flags, str) else raw_flags
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise self.fail(f"{where}.{kind}", "expected a flag name or a list of flag names")
+        targets = [self.toggle_target(backend, n, f"{where}.{kind}") for n in names]
+        if kind == "set":
+            if "value" not in entry:
+                raise self.fail(where, "a set toggle needs value = ...")
+            states = [self.state(targets, entry["value"], f"{where}.value")]
+        else:
+            values = self.typed(entry, "values", list, where + ".") if "values" in entry else None
+            if not values:
+                raise self.fail(where, "a cycle toggle needs values = [...] (two or more)")
+            states = [self.state(targets, v, f"{where}.values[{i}]") for i, v in enumerate(values)]
+        state_names = self.typed(entry, "names", list, where + ".") if "names" in entry else []
+        if state_names and (len(state_names) != len(states) or not all(isinstance(n, str) for n in state_names)):
+            raise self.fail(where + ".names", f"expected {len(states)} strings, one per value")
+        defaults = self.state(targets, entry["default"], where + ".default") if "default" in entry else ()
+        label = str(opt.get("label", names[0]))
+        return Toggle(key, label, kind, tuple(t[0] for t in targets), tuple(states),
+                      names=tuple(state_names), defaults=defaults, requires=opt.get("requires", ""),
+                      help=opt.get("help", ""))
+
+    def toggle_target(self, backend: str, name: str, where: str) -> tuple[str, FlagSpec | None]:
+        head, dot, sub = name.partition(".")
+        spec = self.flag_spec(backend, head, where)
+        if not dot:
+            return spec.name, spec
+        if spec.kind != "json" or not sub:
+            raise self.fail(where, f"--{spec.name} is not a JSON flag, so it has no key {sub!r}")
+        return f"{spec.name}.{sub}", None
+
+    def state(self, targets: list[tuple[str, FlagSpec | None]], raw: Any, where: str) -> tuple[Any, ...]:
+        items = raw if len(targets) > 1 else [raw]
+        if not isinstance(items, list) or len(items) != len(targets):
+            raise self.fail(where, f"expected a list of {len(targets)} values, one per flag")
+        state: list[FlagValue | None] = []
+        for (name, spec), item in zip(targets, items, strict=True):
+            if spec is None:
+                state.append(item)
+                continue
+            try:
+                value = check_value(spec, item)
+            except FlagError as exc:
+                raise self.fail(where, f"--{name}: {exc}") from None
+            state.append(None if value is False and not spec.negatable else value)
+        return tuple(state)
+
+    def bench(self, table: dict[str, Any]) -> BenchSettings:
+        names = [f.name for f in fields(BenchSettings)]
+        self.unknown_keys(table, names, "bench.")
+        values: dict[str, Any] = {}
+        for key in table:
+            if key == "endpoint":
+                endpoint = self.typed(table, key, str, "bench.")
+                if endpoint not in ENDPOINTS:
+                    raise self.fail("bench.endpoint", f"expected one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+                values[key] = endpoint
+                continue
+            number = self.typed(table, key, int, "bench.")
+            least = 0 if key in ("warmup", "seed") else 1
+            if number < least:
+                raise self.fail(f"bench.{key}", f"expected an integer >= {least}, got {number}")
+            values[key] = number
+        return BenchSettings(**values)
+
+
+_TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
+                               "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
+                               "flags": dict, "toggles": dict, "bench": dict}
+_KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}
+
+
+def _describe(value: object) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}"
+
+
+def _default_module(host: str, backend: str) -> str:
+    if host == "sim":
+        return DEFAULT_MODULES.get(("sim", backend), "")
+    return DEFAULT_MODULES[("", backend)]
+
+
+def _default_gpus(flags: Mapping[str, FlagValue]) -> tuple[int, ...]:
+    tp = flags.get("tp-size", flags.get("tensor-parallel-size", 1))
+    return tuple(range(tp)) if isinstance(tp, int) and tp > 0 else (0,)
