@@ -114,6 +114,7 @@ class ReadyEvent:
     """The backend's ready line."""
 
     line: LogLine
+    timestamp: str | None = None  # the line's timestamp text, else the last one seen before it (uvicorn lines)
 
 
 @dataclass(frozen=True)
