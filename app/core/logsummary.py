@@ -135,7 +135,7 @@ class TimestampClock:
 
 
 def _event_timestamp(event: LogEvent) -> str | None:
-    if isinstance(event, DecodeStats | SpecDecodeStats) and event.timestamp is not None:
+    if isinstance(event, DecodeStats | SpecDecodeStats | ReadyEvent) and event.timestamp is not None:
         return event.timestamp
     return line_timestamp(event.line.text)
 
@@ -249,6 +249,8 @@ def event_to_json(event: LogEvent) -> dict[str, Any]:
             accept_rate=event.accept_rate,
             timestamp=event.timestamp,
         )
+    elif isinstance(event, ReadyEvent):
+        out.update(timestamp=event.timestamp)
     elif isinstance(event, Notice):
         out.update(kind=event.kind, message=event.text)
     elif isinstance(event, FatalEvent):

@@ -10,6 +10,7 @@ Public API
 - ``parse_lines(lines, backend=None) -> ParsedLog``: a whole log at once (flushes); ``ParsedLog`` has
   ``backend``, ``events``, ``lines``, ``first_timestamp`` and ``summary() -> LogSummary``.
 - ``LogParser.first_timestamp``: the timestamp text of the first line that had one.
+- ``read_log_lines(path) -> Iterator[str]``: a log file's lines split on "\\n" only (keeps tqdm's "\\r").
 - ``line_timestamp(text) -> str | None``: the log's own timestamp text of a line.
 - ``summarize(events, backend=None) -> LogSummary``, ``event_to_json(event) -> dict``,
   ``summary_to_json(summary) -> dict`` (see app/core/logsummary.py, re-exported here).
@@ -56,9 +57,10 @@ Unrelated lines interleaved inside an open block (other ranks) are parsed as usu
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from app.core import logpatterns as lp
@@ -83,6 +85,7 @@ __all__ = [
     "event_to_json",
     "line_timestamp",
     "parse_lines",
+    "read_log_lines",
     "summarize",
     "summary_to_json",
 ]
@@ -215,6 +218,7 @@ class LogParser:
         self._ready = False
         self._once: set[Phase] = set()
         self._first_timestamp: str | None = None
+        self._last_timestamp: str | None = None
 
     @property
     def backend(self) -> str | None:
@@ -256,6 +260,8 @@ class LogParser:
         parts = split_line(text)
         if self._first_timestamp is None:
             self._first_timestamp = parts.timestamp
+        if parts.timestamp is not None:
+            self._last_timestamp = parts.timestamp
         events: list[LogEvent] = []
         if self._traceback is not None:
             consumed, done = self._traceback_step(parts.message)
@@ -320,7 +326,7 @@ class LogParser:
                 self._once.clear()
             if not parts.primary or (row.once and row.phase in self._once):
                 return None
-            if row.once:
+            if row.once or row.restart:
                 self._once.add(row.phase)
             if not row.begin:  # an end re-arms the once-only begin rows of its phase
                 self._once.discard(row.phase)
@@ -346,7 +352,7 @@ class LogParser:
         if self._ready:
             return None
         self._ready = True
-        return ReadyEvent(where)
+        return ReadyEvent(where, self._last_timestamp)
 
     # --- throughput -----------------------------------------------------------------------------------
 
@@ -485,6 +491,16 @@ class ParsedLog:
     def summary(self) -> LogSummary:
         """The summary of these events (ready time measured from the log's first timestamp)."""
         return summarize(self.events, self.backend, self.first_timestamp)
+
+
+def read_log_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    """The lines of a log file split on "\\n" only, so a tqdm line's "\\r" updates stay on one line.
+
+    (Text-mode ``open()`` would split on "\\r" as well.) Undecodable bytes become U+FFFD.
+    """
+    with open(path, "rb") as handle:
+        for raw in handle:
+            yield raw.decode("utf-8", errors="replace")
 
 
 def parse_lines(lines: Iterable[str], backend: str | None = None) -> ParsedLog:
