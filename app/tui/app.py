@@ -1,0 +1,283 @@
+"""The Textual dashboard: one screen for the tuning loop, wired to a core Session.
+
+`create_app(profile, ...)` is the one factory the CLI and the tests use. The app reads the Session's
+state at 4 Hz inside batch_update and pushes plain data to the widgets; keys call Session commands,
+which run in the background (one at a time). Quitting never touches the server.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import platformdirs
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header
+
+from app.core.flags import format_value, get_flag
+from app.core.hosts.base import Host
+from app.core.model import ServerState
+from app.core.profile import Profile
+from app.core.session import ReadOnlyError, Session
+from app.tui.commands import FlagCommands
+from widgets import (
+    ConfirmModal,
+    DiffScreen,
+    EventEntry,
+    EventLog,
+    FlagsPanel,
+    GpuPanel,
+    HelpScreen,
+    Holder,
+    LogViewScreen,
+    RelaunchMarker,
+    ServerPanel,
+    ServerView,
+    ThroughputChart,
+    ToggleRow,
+)
+
+UI_PERIOD_S = 0.25
+KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
+
+
+class TunedashApp(App[None]):
+    """The dashboard for one profile's server."""
+
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "tunedash"
+    COMMANDS = App.COMMANDS | {FlagCommands}
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "relaunch", "Relaunch", id="relaunch", tooltip="Apply pending flags: kill, free, launch, ready"),
+        Binding("k", "kill", "Kill", id="kill", tooltip="Kill the server's process group (asks first)"),
+        Binding("f", "confirm_free", "Free?", id="free", tooltip="Confirm the GPUs are back at idle"),
+        Binding("p", "probe", "Probe", id="probe", tooltip="Probe load on/off (a continuous single stream)"),
+        Binding("u", "undo", "Undo", id="undo", tooltip="Undo pending flag changes"),
+        Binding("d", "diff", "Diff", id="diff", tooltip="Pending command line against the running one"),
+        Binding("l", "log", "Log", id="log", tooltip="Server log (follow, search)"),
+        Binding("x", "export_events", "Export", id="export", show=False, tooltip="Save the event log to a file"),
+        Binding("question_mark", "help", "Help", id="help", tooltip="Keys"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="Quit (the server keeps running)"),
+    ]
+
+    def __init__(self, session: Session, *, keymap_file: Path | None = KEYMAP_FILE) -> None:
+        super().__init__()
+        self.session = session
+        self.keymap_file = keymap_file
+        self._shown_events = 0
+        self._log_screen: LogViewScreen | None = None
+        self._log_shown = 0
+
+    # ---- layout ----------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="top"):
+            with Vertical(id="left"):
+                yield GpuPanel(id="gpus")
+                yield ServerPanel(id="server")
+            with Vertical(id="right"):
+                yield FlagsPanel(id="flags")
+                yield ThroughputChart(id="chart")
+        yield EventLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        profile = self.session.profile
+        self.title = f"tunedash · {profile.name} on {profile.host}"
+        self.sub_title = "READ-ONLY" if self.session.readonly else profile.backend
+        for toggle in profile.toggles:
+            self.bind(toggle.key, f"press_toggle('{toggle.key}')", description=toggle.label)
+        self._load_keymap()
+        self.run_worker(self.session.start(), name="session start", exit_on_error=False)
+        self.set_interval(UI_PERIOD_S, self.refresh_view)
+
+    def _load_keymap(self) -> None:
+        """Remap keys from keys.toml: `[keys]` with binding id = key, e.g. relaunch = "R"."""
+        if self.keymap_file is None or not self.keymap_file.exists():
+            return
+        try:
+            data = tomllib.loads(self.keymap_file.read_text())
+            keys = data.get("keys", {})
+            if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+                raise ValueError("[keys] must map binding ids to key names")
+            self.set_keymap({str(k): str(v) for k, v in keys.items()})
+        except (OSError, ValueError) as exc:
+            self.notify(f"{self.keymap_file}: {exc}", title="key map ignored", severity="warning")
+
+    # ---- pushing state to widgets ----------------------------------------------------------------
+    def refresh_view(self) -> None:
+        if self.screen is not self.screen_stack[0]:
+            self._feed_log_screen()
+            return
+        session = self.session
+        now_wall = time.time()
+        with self.batch_update():
+            if session.snapshot is not None:
+                self.query_one(GpuPanel).update(
+                    session.snapshot, time.monotonic(), session.sample_period_ms / 1000
+                )
+            self.query_one(ServerPanel).update(self._server_view(), now_wall)
+            self.query_one(FlagsPanel).update(self._toggle_rows())
+            self.query_one(ThroughputChart).update(
+                list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers]
+            )
+            events = list(session.events)
+            if len(events) > self._shown_events:
+                log = self.query_one(EventLog)
+                log.extend(EventEntry(e.at, e.text, _level(e.level)) for e in events[self._shown_events:])
+                self._shown_events = len(events)
+            busy = f" · {session.busy}…" if session.busy else ""
+            probe = " · probe on" if session.probe_wanted else ""
+            base = "READ-ONLY" if session.readonly else session.profile.backend
+            self.sub_title = f"{base}{probe}{busy}"
+
+    def _server_view(self) -> ServerView:
+        life = self.session.lifecycle
+        record = life.record
+        live = life.state not in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED)
+        fatal = life.fatal
+        return ServerView(
+            state=life.state,
+            since=life.state_since,
+            pid=record.pid if record and live else None,
+            pgid=record.pgid if record and live else None,
+            port=self.session.profile.port,
+            uptime_s=(time.time() - record.launched_at) if record and live else None,
+            backend=self.session.profile.backend,
+            version=self.session.server_version,
+            model=self.session.profile.model,
+            phase_times=life.phase_times,
+            notices=tuple(n.text for n in life.notices[-4:]),
+            fatal=fatal.text if fatal and life.state == ServerState.CRASHED else None,
+            last_lines=tuple(list(life.last_lines)[-8:]) if life.state == ServerState.CRASHED else (),
+            holders=tuple(Holder(h.gpu, h.pid or 0, h.name or "(no visible process)", h.used_mib)
+                          for h in life.holders),
+        )
+
+    def _toggle_rows(self) -> list[ToggleRow]:
+        session = self.session
+        rows = []
+        for toggle in session.profile.toggles:
+            running = [get_flag(session.profile.flags, f) for f in toggle.flags]
+            pending = [get_flag(session.pending_flags, f) for f in toggle.flags]
+            rows.append(ToggleRow(toggle.key, toggle.label, " ".join(toggle.flags),
+                                  _show(running), _show(pending)))
+        return rows
+
+    def _feed_log_screen(self) -> None:
+        if self._log_screen is None or self.screen is not self._log_screen:
+            return
+        lines = list(self.session.log_lines)
+        if len(lines) > self._log_shown:
+            self._log_screen.add_lines(lines[self._log_shown:])
+            self._log_shown = len(lines)
+
+    # ---- actions ---------------------------------------------------------------------------------
+    def _command(self, name: str, factory: object) -> None:
+        try:
+            self.session.run_command(name, factory)  # type: ignore[arg-type]
+        except ReadOnlyError as exc:
+            self.notify(str(exc), severity="warning")
+
+    def action_press_toggle(self, key: str) -> None:
+        toggle = self.session.profile.toggle(key)
+        if toggle is None:
+            return
+        text = self.session.press_toggle(toggle)
+        self.notify(f"pending: {text}", timeout=2)
+        self.refresh_view()
+
+    def action_relaunch(self) -> None:
+        if self.session.lifecycle.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
+                                            ServerState.STUCK) and self.session.lifecycle.record is None:
+            self._command("launch", self.session.launch)
+            return
+        self._command("relaunch", self.session.relaunch)
+
+    def action_kill(self) -> None:
+        if self.session.readonly:
+            self.notify("read-only session: kill is disabled", severity="warning")
+            return
+        record = self.session.lifecycle.record
+        detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._command("kill", self.session.kill)
+
+        self.push_screen(ConfirmModal("Kill the server?", detail, yes_label="Kill"), answered)
+
+    def action_confirm_free(self) -> None:
+        self._command("confirm free", self.session.confirm_free)
+
+    def action_probe(self) -> None:
+        self.session.set_probe(not self.session.probe_wanted)
+
+    def action_undo(self) -> None:
+        self.session.undo_pending()
+        self.refresh_view()
+
+    def action_diff(self) -> None:
+        self.push_screen(DiffScreen(self.session.running_argv(), self.session.pending_argv()))
+
+    def action_log(self) -> None:
+        self._log_screen = LogViewScreen(list(self.session.log_lines), title="server log")
+        self._log_shown = len(self.session.log_lines)
+        self.push_screen(self._log_screen)
+
+    def action_help(self) -> None:
+        keys = [(t.key, f"{t.label}: {t.help or ' '.join(t.flags)}") for t in self.session.profile.toggles]
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding):
+                keys.append((binding.key, binding.tooltip or binding.description))
+        keys.append(("ctrl+p", "command palette: set any flag of the backend's catalog"))
+        self.push_screen(HelpScreen(keys))
+
+    def action_export_events(self) -> None:
+        target = Path(platformdirs.user_state_dir("tunedash")) / f"events-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.query_one(EventLog).export_text())
+        self.notify(f"event log saved to {target}")
+
+    async def action_quit(self) -> None:
+        await self.session.stop()
+        self.exit()
+
+
+def _show(values: Sequence[object]) -> str | None:
+    if all(v is None for v in values):
+        return None
+    return "/".join("off" if v is None else format_value(v) for v in values)
+
+
+def _level(level: str) -> Literal["info", "action", "success", "warning", "error"]:
+    if level == "warning":
+        return "warning"
+    if level == "error":
+        return "error"
+    return "info"
+
+
+def create_app(
+    profile: Profile,
+    *,
+    readonly: bool = False,
+    probe: bool = False,
+    host: Host | None = None,
+    session: Session | None = None,
+    keymap_file: Path | None = KEYMAP_FILE,
+) -> TunedashApp:
+    """The one factory for the dashboard (CLI and tests)."""
+    if session is None:
+        if host is None:
+            from app.connect import host_for
+
+            host = host_for(profile)
+        session = Session(host, profile, readonly=readonly, probe=probe)
+    return TunedashApp(session, keymap_file=keymap_file)
