@@ -130,7 +130,9 @@ class LogViewScreen(Screen[None]):
         self._update_status()
 
     def _scroll_end(self) -> None:
-        self.view.scroll_end(animate=False, immediate=True, x_axis=False)
+        """Go to the last line once the new virtual size is laid out."""
+        view = self.view
+        view.call_after_refresh(view.scroll_end, animate=False, immediate=True, x_axis=False)
 
     def watch_follow(self, follow: bool) -> None:
         """Jump to the end when follow turns on."""
