@@ -28,7 +28,10 @@ NO_LIBRARY = (
     "Please also try adding directory that contains libnvidia-ml.so to your system PATH.\n"
 )
 NO_DEVICES = "No devices were found\n"
-LOST = "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU\n"
+LOST = (
+    "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this "
+    "GPU\n"
+)
 LOST_WINDOWS = (
     "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost.  Reboot the system to recover "
     "this GPU\n"
@@ -73,7 +76,8 @@ def test_exact_messages_with_their_exit_codes(text: str, code: int, kind: str, w
 def test_message_wins_over_exit_code(text: str, kind: str) -> None:
     # over SSH the code can be 255 (ambiguous) or wrapped: the text decides
     error = classify_smi_failure(255, text, "")
-    assert error is not None and error.kind == kind
+    assert error is not None
+    assert error.kind == kind
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,9 @@ def test_lost_gpu_row_is_kept_with_every_field_missing() -> None:
     rows, skipped = parse_gpu_csv(line)
     assert skipped == 0
     (row,) = rows
-    assert row.index is None and row.uuid is None and row.memory_used_mib is None
+    assert row.index is None
+    assert row.uuid is None
+    assert row.memory_used_mib is None
     assert set(row.unavailable.values()) == {"[GPU is lost]"}
 
 
@@ -188,7 +190,8 @@ def test_argv_puts_free_text_last_and_uses_nounits() -> None:
     assert apps_query_argv() == [
         "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory,process_name", "--format=csv,noheader,nounits"
     ]
-    assert APPS_FIELDS[-1] == "process_name" and GPU_FIELDS[-1] == "name"
+    assert APPS_FIELDS[-1] == "process_name"
+    assert GPU_FIELDS[-1] == "name"
 
 
 @settings(max_examples=300, deadline=None)
