@@ -1,7 +1,7 @@
 """The `tunedash` command: headless commands for scripts, and the dashboard (`demo`, `ui`).
 
-Exit codes: 0 success, 2 bad input (profile, flag, file), 3 GPUs stay held, 4 the server failed to
-start (crash while loading, port taken, GPUs unreadable).
+Exit codes: 0 success, 1 GPUs unreadable (`gpus`), 2 bad input (profile, flag, file, already running),
+3 GPUs stay held, 4 the server failed to start (crash while loading, port taken, GPUs unreadable).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_GPUS_HELD = 3
 EXIT_START_FAILED = 4
+EXIT_UNREADABLE = 1  # `gpus`: the GPUs could not be read (the message says why)
 
 
 class CliError(Exception):
@@ -123,7 +124,7 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
             )
             for proc in gpu.get("processes") or []:
                 _print(f"    pid {proc['pid']} {proc['name']} {proc.get('used_mib')} MiB")
-    return EXIT_OK if snapshot.error is None else EXIT_START_FAILED
+    return EXIT_OK if snapshot.error is None else EXIT_UNREADABLE
 
 
 async def cmd_launch(args: argparse.Namespace) -> int:
