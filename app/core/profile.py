@@ -276,7 +276,7 @@ def flag_diff(old_flags: Mapping[str, FlagValue], new_flags: Mapping[str, FlagVa
             continue
         before = old if isinstance(old, dict) else {} if old is None else None
         after = new if isinstance(new, dict) else {} if new is None else None
-        if before is not None and after is not None and (old is not None and new is not None
+        if before is not None and after is not None and ((old is not None and new is not None)
                                                          or len(before) + len(after) == 1):
             for key in [*before, *(k for k in after if k not in before)]:
                 if before.get(key) != after.get(key):

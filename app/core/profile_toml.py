@@ -52,8 +52,9 @@ class ProfileReader:
     def unknown_keys(self, table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
         for key in table:
             if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}"
+                close = difflib.get_close_matches(key, allowed, n=2)
+                hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
+                        else f"allowed keys: {', '.join(allowed)}")
                 raise self.fail(prefix + key, f"unknown key; {hint}")
 
     def typed(self, table: Mapping[str, Any], key: str, kind: type, prefix: str = "") -> Any:
