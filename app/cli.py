@@ -262,7 +262,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from app.tui.app import create_app
 
     profile = _load(args)
-    app = create_app(profile, readonly=args.readonly, probe=args.probe)
+    app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False))
     app.run()
     return EXIT_OK
 
@@ -271,6 +271,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     args.profile = "demo"
     args.readonly = False
     args.probe = True
+    args.autolaunch = True
     return cmd_ui(args)
 
 

@@ -57,6 +57,7 @@ class Session:
         telemetry: Telemetry | None = None,
         sample_period_ms: int = 250,
         probe: bool = False,
+        autolaunch: bool = False,
     ) -> None:
         self.host = host
         self.profile = profile  # what runs (or would run on launch)
@@ -73,6 +74,7 @@ class Session:
         self.log_lines: deque[str] = deque(maxlen=5000)
         self.server_version: str | None = None
         self.probe_wanted = probe
+        self.autolaunch = autolaunch and not readonly
         self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
         self._listeners: list[Callable[[LifecycleEvent], None]] = []
@@ -130,6 +132,9 @@ class Session:
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
             self._spawn(self._tail_log(record.log_path))
+        elif self.autolaunch:
+            self._note(f"no server of {self.profile.name} running: launching it")
+            self.run_command("launch", self.launch)
         self.changed.set()
 
     async def stop(self) -> None:

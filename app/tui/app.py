@@ -269,6 +269,7 @@ def create_app(
     *,
     readonly: bool = False,
     probe: bool = False,
+    autolaunch: bool = False,
     host: Host | None = None,
     session: Session | None = None,
     keymap_file: Path | None = KEYMAP_FILE,
@@ -279,5 +280,5 @@ def create_app(
             from app.connect import host_for
 
             host = host_for(profile)
-        session = Session(host, profile, readonly=readonly, probe=probe)
+        session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch)
     return TunedashApp(session, keymap_file=keymap_file)
