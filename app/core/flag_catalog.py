@@ -77,7 +77,10 @@ SGLANG_FLAGS: tuple[FlagSpec, ...] = (
     # parallelism and memory
     F("tp-size", "int", 1, "Tensor-parallel size (GPUs per model copy).",
       aliases=("tensor-parallel-size", "tp")),
-    F("dp-size", "int", 1, "Data-parallel size."),
+    F("dp-size", "int", 1, "Data-parallel size.", aliases=("data-parallel-size",)),
+    F("pp-size", "int", 1, "Pipeline-parallel size (disables overlap and piecewise CUDA graph) (unverified).",
+      aliases=("pipeline-parallel-size",)),
+    F("base-gpu-id", "int", 0, "First GPU index the server uses (unverified)."),
     F("enable-dp-attention", "bool", False, "Data-parallel attention (disables piecewise CUDA graph)."),
     F("mem-fraction-static", "float", None,
       "Fraction of GPU memory for weights + KV cache; auto when unset.", aliases=("mem-frac",)),
