@@ -39,8 +39,10 @@ waits up to min(period, 1 s) for the query in flight, then attaches the newest *
   ``processes_taken_at`` is after its kill.
 - ``processes is None`` (with ``unavailable["processes"]``) when no list exists yet, the last query failed,
   or the newest list is older than ``apps_max_age_s`` (default max(5 s, 3 x period)).
-The cost is one nvidia-smi spawn per second (~25-30 ms locally with persistence mode, research §2) plus,
-over SSH, one exec on the already open connection; the memory stream itself never respawns.
+The cost is one nvidia-smi spawn per `apps_interval_s` (~25-30 ms on a real H200 with persistence mode,
+research §2; measured 31 ms median through LocalHost with the simulated nvidia-smi) plus, over SSH, one exec
+on the already open connection; the memory stream itself never respawns. A confirm-free sampler may set
+``apps_interval_s`` to its period: queries never overlap, so the list then refreshes as fast as it can.
 """
 
 from __future__ import annotations
