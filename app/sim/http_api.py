@@ -1,0 +1,235 @@
+"""HTTP routes of the simulated SGLang server (aiohttp): health, server info, OpenAI streaming, metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from app.sim.engine import SimRequest
+from app.sim.server_args import SIM_VERSION
+from app.sim.simlog import log
+
+if TYPE_CHECKING:
+    from app.sim.sglang import SimServer
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SERVER_KEY: web.AppKey[SimServer] = web.AppKey("server")
+
+
+def _server(request: web.Request) -> SimServer:
+    return request.app[SERVER_KEY]
+
+
+@web.middleware
+async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resp = await handler(request)
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    who = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
+    reason = resp.reason or ""
+    log(f"INFO:     {who} - \"{request.method} {request.path} HTTP/1.1\" {resp.status} {reason}")
+    return resp
+
+
+async def health(request: web.Request) -> web.Response:
+    srv = _server(request)
+    if srv.status != "Up":
+        if srv.status == "Draining":
+            log("Health check request received during shutdown. Returning 503.")
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+def public_args(srv: SimServer) -> dict[str, Any]:
+    return {k: v for k, v in srv.args.items() if not k.startswith("_")}
+
+
+async def server_info(request: web.Request) -> web.Response:
+    srv = _server(request)
+    eng = srv.engine
+    state: dict[str, Any] = dict(public_args(srv))
+    state["last_gen_throughput"] = eng.stats.last_gen_throughput if eng else 0.0
+    tp = srv.args["tp_size"]
+    state["memory_usage"] = {
+        "weight": round(srv.model["weights_gib"] / tp, 2),
+        "kvcache": round(srv.max_total_tokens * srv.model["kv_kib_per_token"] / tp / 1024 / 1024, 2),
+        "token_capacity": srv.max_total_tokens,
+        "graph": 0.0 if srv.args["disable_cuda_graph"] else 0.66,
+    }
+    accept = eng.avg_spec_accept_length() if eng else None
+    if accept is not None:
+        state["avg_spec_accept_length"] = accept
+    info = dict(public_args(srv))
+    info.update({
+        "status": srv.status,
+        "max_total_num_tokens": srv.max_total_tokens,
+        "max_req_input_len": srv.args["context_length"] - 1,
+        "internal_states": [state],
+        "version": SIM_VERSION,
+    })
+    return web.json_response(info)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    srv = _server(request)
+    return web.json_response({"model_path": srv.args["model_path"], "tokenizer_path": srv.args["tokenizer_path"],
+                              "is_generation": True, "has_image_understanding": bool(srv.model["multimodal"])})
+
+
+async def models(request: web.Request) -> web.Response:
+    srv = _server(request)
+    name = srv.args["served_model_name"]
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+         "max_model_len": srv.args["context_length"]}]})
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    else:
+        prompt = body.get("prompt", body.get("text", ""))
+        text = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
+    return max(1, len(text.split()) * 4 // 3)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    srv = _server(request)
+    if srv.status != "Up" or srv.engine is None:
+        return web.json_response({"object": "error", "message": "server is not ready", "code": 503}, status=503)
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return web.json_response({"object": "error", "message": "invalid JSON body", "code": 400}, status=400)
+    default_max = 128 if chat else 16
+    max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or default_max)
+    model = srv.args["served_model_name"]
+    rid = uuid.uuid4().hex
+    req = SimRequest(rid=rid, prompt_tokens=_prompt_tokens(body), max_tokens=max(1, max_tokens))
+    srv.engine.submit(req)
+    created = int(time.time())
+    kind = "chat.completion" if chat else "text_completion"
+    usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": 0, "total_tokens": 0}
+
+    def chunk(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if finish:
+            choice["matched_stop"] = None
+        return {"id": rid, "object": kind + (".chunk" if chat else ""), "created": created, "model": model,
+                "choices": [choice], "usage": None}
+
+    if not body.get("stream"):
+        parts = []
+        try:
+            while (piece := await req.chunks.get()) is not None:
+                parts.append(piece)
+        finally:
+            srv.engine.abort(req)
+        text = "".join(parts)
+        usage.update(completion_tokens=req.generated, total_tokens=req.prompt_tokens + req.generated)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                  if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+        return web.json_response({"id": rid, "object": kind, "created": created, "model": model,
+                                  "choices": [choice], "usage": usage})
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+
+    async def send(obj: dict[str, Any] | str) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        await resp.write(f"data: {data}\n\n".encode())
+
+    try:
+        if chat:
+            await send(chunk(None, None, first=True))
+        while (piece := await req.chunks.get()) is not None:
+            await send(chunk(piece, None))
+        await send(chunk("" if not chat else None, "length"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage.update(completion_tokens=req.generated, total_tokens=req.prompt_tokens + req.generated)
+            await send({"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
+                        "model": model, "choices": [], "usage": usage})
+        await send("[DONE]")
+    except (ConnectionResetError, RuntimeError):
+        pass
+    finally:
+        srv.engine.abort(req)
+    return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    srv = _server(request)
+    if srv.status != "Up" or srv.engine is None:
+        return web.Response(status=503)
+    req = SimRequest(rid=f"HEALTH_CHECK_{time.time()}", prompt_tokens=1, max_tokens=1)
+    srv.engine.submit(req)
+    while await req.chunks.get() is not None:
+        pass
+    return web.Response(status=200)
+
+
+def _gauge_lines(srv: SimServer) -> str:
+    eng = srv.engine
+    assert eng is not None
+    labels = f'engine_type="unified",model_name="{srv.args["served_model_name"]}",pp_rank="0",tp_rank="0"'
+    st = eng.stats
+    gauges = {
+        "num_running_reqs": st.running, "num_used_tokens": st.used_tokens,
+        "token_usage": st.used_tokens / max(srv.max_total_tokens, 1), "gen_throughput": st.last_gen_throughput,
+        "num_queue_reqs": st.queued, "cache_hit_rate": 0.0, "spec_accept_length": eng.avg_spec_accept_length() or 0.0,
+        "max_total_num_tokens": srv.max_total_tokens, "is_cuda_graph": 0.0 if srv.args["disable_cuda_graph"] else 1.0,
+    }
+    out = []
+    for name, value in gauges.items():
+        out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} gauge",
+                f"sglang:{name}{{{labels}}} {float(value)}"]
+    out += ["# HELP sglang:realtime_tokens_total Total number of tokens processed, updated on each log interval.",
+            "# TYPE sglang:realtime_tokens_total counter",
+            f'sglang:realtime_tokens_total{{{labels},mode="decode"}} {float(st.realtime_decode_tokens)}']
+    tok_labels = f'model_name="{srv.args["served_model_name"]}"'
+    for name, value in (("prompt_tokens_total", st.prompt_tokens_total),
+                        ("generation_tokens_total", st.generation_tokens_total),
+                        ("num_requests_total", st.num_requests_total)):
+        out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} counter",
+                f"sglang:{name}{{{tok_labels}}} {float(value)}"]
+    return "\n".join(out) + "\n"
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=_gauge_lines(_server(request)), content_type="text/plain")
+
+
+def build_app(server: SimServer) -> web.Application:
+    app = web.Application(middlewares=[access_log])
+    app[SERVER_KEY] = server
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health_generate)
+    r.add_get("/get_server_info", server_info)
+    r.add_get("/server_info", server_info)
+    r.add_get("/get_model_info", model_info)
+    r.add_get("/model_info", model_info)
+    r.add_get("/v1/models", models)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
+    if server.args["enable_metrics"]:
+        r.add_get("/metrics", metrics)
+    return app

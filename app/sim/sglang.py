@@ -1,0 +1,277 @@
+"""The simulated SGLang server: `python -m app.sim.sglang --model-path sim/qwen3.6-27b --tp-size 2 ...`.
+
+Process tree like SGLang's: this main process (tokenizer manager + HTTP) starts `sglang::detokenizer` and
+one `sglang::scheduler_TP<n>` per tensor-parallel rank (app/sim/rank.py), all in the launcher's process
+group. The ranks hold simulated GPU memory (app/sim/gpu_state.py) in phases; logs go to stdout/stderr in
+SGLang's format. HTTP (aiohttp): /health, /health_generate, /get_server_info (+ /server_info),
+/get_model_info, /v1/models, /v1/completions, /v1/chat/completions (SSE streaming), /generate,
+/metrics (only with --enable-metrics).
+
+Environment:
+    TUNEDASH_SIM_STATE      state folder of the simulated host (default: host_env.default_state_dir())
+    TUNEDASH_SIM_STARTUP_S  total startup time in seconds (default: host.json "startup_s", else 6.0)
+    TUNEDASH_SIM_FAULT      comma-separated faults: crash_loading (rank 0 dies while loading weights with a
+                            traceback), oom_capture (CUDA OOM at CUDA graph capture), never_release (the
+                            ranks' allocation records are flagged leaked: kept after the ranks die)
+    SGLANG_ENABLE_SPEC_V2   as in SGLang 0.5.10 (default False: overlap scheduler off with EAGLE)
+An unknown --model-path fails like SGLang (OSError from the config loader, exit 1); models.toml lists the
+known ones. "Address already in use" is real: the port is bound after loading, like uvicorn does.
+SIGTERM: log, drain (503 on /health) until no request is in flight (max 5 s), SIGKILL the children, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.sim import gpu_state
+from app.sim.engine import Engine
+from app.sim.host_env import FAULT_ENV, STARTUP_ENV, init_state
+from app.sim.http_api import build_app
+from app.sim.server_args import load_models, parse, resolve, server_args_repr
+from app.sim.simlog import log, raw
+from app.sim.speed import SpeedConfig, SpeedModel
+
+DEFAULT_STARTUP_S = 6.0
+PHASE_SHARES = {"pre": 0.03, "init": 0.05, "weights": 0.45, "kv": 0.08, "graph": 0.17, "draft_graph": 0.06,
+                "piecewise": 0.10, "warmup": 0.06}
+
+
+def uvicorn(level: str, msg: str) -> None:
+    log(f"{(level + ':').ljust(9)} {msg}")
+
+
+class SimServer:
+    """The main process: children, HTTP, engine, signals."""
+
+    def __init__(self, args: dict[str, Any], model: dict[str, Any], state_dir: Path, startup_s: float,
+                 faults: list[str]) -> None:
+        self.args = args
+        self.model = model
+        self.state_dir = state_dir
+        self.phases = {k: v * startup_s for k, v in PHASE_SHARES.items()}
+        self.faults = faults
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.status = "Starting"
+        self.max_total_tokens = 0
+        self.engine: Engine | None = None
+        self.stop = asyncio.Event()
+        self.exit_code = 0
+
+    # ------------------------------------------------------------------ children
+    def spawn(self, role: str, name: str, tp_rank: int, gpu: int, status_w: int, total_mib: int) -> None:
+        cfg = {"role": role, "name": name, "tp_rank": tp_rank, "tp_size": self.args["tp_size"], "gpu": gpu,
+               "state_dir": str(self.state_dir), "args": self.args, "model": self.model, "phases": self.phases,
+               "faults": self.faults, "model_path": self.args["model_path"], "gpu_total_mib": total_mib}
+        proc = subprocess.Popen([sys.executable, "-m", "app.sim.rank", json.dumps(cfg), str(status_w)],
+                                pass_fds=(status_w,), stdin=subprocess.DEVNULL)
+        self.children.append(proc)
+
+    def kill_children(self) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.children:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def die_with_children(self) -> None:
+        """SGLang's kill_process_tree(own pid): SIGKILL the children, then this process."""
+        self.kill_children()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    async def start_children(self) -> bool:
+        config = gpu_state.read_host_config(self.state_dir)
+        tp = self.args["tp_size"]
+        base = self.args["base_gpu_id"]
+        if base + tp > len(config.gpus):
+            raw("RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously "
+                "reported at some other API call, so the stacktrace below might be incorrect.\n")
+            return False
+        r, w = os.pipe()
+        self.spawn("detokenizer", "sglang::detokenizer", 0, base, w, config.gpus[base].memory_total_mib)
+        for rank in range(tp):
+            name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
+            self.spawn("scheduler", name, rank, base + rank, w, config.gpus[base + rank].memory_total_mib)
+        os.close(w)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(r, "rb", buffering=0))
+        ready: dict[int, int] = {}
+        try:
+            while len(ready) < tp:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), 0.1)
+                except TimeoutError:
+                    if any(p.poll() is not None for p in self.children) or self.stop.is_set():
+                        return False
+                    continue
+                if not line:
+                    return False
+                rank_s, word, *rest = line.decode().split()
+                if word != "ready":
+                    return False
+                ready[int(rank_s)] = int(rest[0])
+        finally:
+            transport.close()
+        self.max_total_tokens = ready[0]
+        return True
+
+    # ------------------------------------------------------------------ signals
+    def on_sigterm(self) -> None:
+        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        if self.status == "Starting":
+            self.stop.set()
+            return
+        self.status = "Draining"
+        asyncio.get_running_loop().create_task(self.drain())
+
+    async def drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        await asyncio.sleep(0.2)
+        while self.engine is not None and self.engine.in_flight and loop.time() < deadline:
+            rids = [r.rid for r in self.engine.running + self.engine.waiting]
+            log(f"Gracefully exiting... Remaining number of requests {len(rids)}. Remaining requests "
+                f"remaining_rids={rids}.")
+            await asyncio.sleep(0.5)
+        self.stop.set()
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        loop.add_signal_handler(signal.SIGINT, self.stop.set)
+        await asyncio.sleep(self.phases["pre"])
+        if not await self.start_children():
+            if self.stop.is_set():
+                self.kill_children()
+                return 0
+            log("Received sigquit from a child process. It usually means the child failed.")
+            self.die_with_children()
+        speed = SpeedModel(speed_config(self.args, self.model))
+        state = os.environ.get("TUNEDASH_SIM_STATE")
+        busy = os.path.join(state, "busy") if state else None
+        self.engine = Engine(self.args, speed, self.max_total_tokens, busy)
+        self.engine.start()
+        from aiohttp import web
+
+        app = build_app(self)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        uvicorn("INFO", f"Started server process [{os.getpid()}]")
+        uvicorn("INFO", "Waiting for application startup.")
+        uvicorn("INFO", "Application startup complete.")
+        host, port = self.args["host"], self.args["port"]
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): "
+                             "address already in use")
+            uvicorn("INFO", "Waiting for application shutdown.")
+            uvicorn("INFO", "Application shutdown complete.")
+            self.kill_children()
+            return 1
+        uvicorn("INFO", f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+        if not self.args["skip_server_warmup"]:
+            await asyncio.sleep(self.phases["warmup"])
+            from app.sim.engine import SimRequest
+
+            req = SimRequest(rid="warmup", prompt_tokens=6, max_tokens=1)
+            self.engine.submit(req)
+            while await req.chunks.get() is not None:
+                pass
+            uvicorn("INFO", f'{host}:{port + 1000} - "POST /generate HTTP/1.1" 200 OK')
+        if not self.stop.is_set():
+            self.status = "Up"
+            log("The server is fired up and ready to roll!")
+        await self.stop.wait()
+        self.status = "Draining"
+        await self.engine.stop()
+        await runner.cleanup()
+        self.kill_children()
+        return self.exit_code
+
+
+def speed_config(args: dict[str, Any], model: dict[str, Any]) -> SpeedConfig:
+    return SpeedConfig(
+        weights_gib=float(model["weights_gib"]),
+        tp_size=int(args["tp_size"]),
+        spec_algorithm=args["speculative_algorithm"],
+        spec_steps=int(args["speculative_num_steps"] or 0),
+        spec_topk=int(args["speculative_eagle_topk"] or 1),
+        spec_draft_tokens=int(args["speculative_num_draft_tokens"] or 0),
+        cuda_graph=not args["disable_cuda_graph"],
+        cuda_graph_max_bs=int(args["cuda_graph_max_bs"]),
+        piecewise_cuda_graph=bool(args["enable_piecewise_cuda_graph"]),
+        single_batch_overlap=bool(args["enable_single_batch_overlap"]),
+        overlap_schedule=not args["disable_overlap_schedule"],
+        torch_compile=bool(args["enable_torch_compile"]),
+    )
+
+
+def startup_seconds(state_dir: Path) -> float:
+    env = os.environ.get(STARTUP_ENV)
+    if env:
+        return float(env)
+    configured = gpu_state.read_host_config(state_dir).startup_s
+    return float(configured) if configured is not None else DEFAULT_STARTUP_S
+
+
+def unknown_model(path: str) -> int:
+    raw(
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py", line 29, in <module>\n'
+        "    server_args = prepare_server_args(sys.argv[1:])\n"
+        f"OSError: {path} is not a local folder and is not a valid model identifier listed on "
+        "'https://huggingface.co/models'\n"
+        "If this is a private repository, make sure to pass a token having permission to this repo either by "
+        "logging in with `hf auth login` or by passing `token=<your_token>`\n"
+    )
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse(sys.argv[1:] if argv is None else argv)
+    from app.sim.host_env import default_state_dir
+
+    state_dir = init_state(default_state_dir())
+    models = load_models()
+    model = models.get(ns.model_path.rstrip("/"))
+    if model is None:
+        return unknown_model(ns.model_path)
+    faults = [f.strip() for f in os.environ.get(FAULT_ENV, "").split(",") if f.strip()]
+    config = gpu_state.read_host_config(state_dir)
+    total = config.gpus[0].memory_total_mib if config.gpus else 0
+    try:
+        args, msgs = resolve(ns, model, total)
+    except ValueError as exc:
+        raw(f"Traceback (most recent call last):\nValueError: {exc}\n")
+        return 1
+    args["_mamba"] = bool(model.get("mamba_cache_gib"))
+    args["_max_mamba_cache_size"] = model.get("max_mamba_cache_size", 0)
+    for msg in msgs:
+        log(msg)
+    log(f"server_args={server_args_repr(args)}")
+    server = SimServer(args, model, state_dir, startup_seconds(state_dir), faults)
+    return asyncio.run(server.run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

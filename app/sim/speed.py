@@ -1,0 +1,124 @@
+"""The simulated server's decode speed: step time and accepted tokens from the resolved flags (speed_model.toml)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPEED_FILE = Path(__file__).with_name("speed_model.toml")
+SPEED_FILE_ENV = "TUNEDASH_SIM_SPEED_FILE"
+
+
+def load_params(override: Path | None = None) -> dict[str, Any]:
+    """speed_model.toml, with the keys of `override` (or $TUNEDASH_SIM_SPEED_FILE) on top."""
+    with SPEED_FILE.open("rb") as fh:
+        params = tomllib.load(fh)
+    path = override or (Path(os.environ[SPEED_FILE_ENV]) if os.environ.get(SPEED_FILE_ENV) else None)
+    if path is not None:
+        with path.open("rb") as fh:
+            extra = tomllib.load(fh)
+        for key, value in extra.items():
+            if isinstance(value, dict):
+                params.setdefault(key, {}).update(value)
+            else:
+                params[key] = value
+    return params
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """The flags (resolved) that the speed model looks at."""
+
+    weights_gib: float
+    tp_size: int = 1
+    spec_algorithm: str | None = None
+    spec_steps: int = 0
+    spec_topk: int = 1
+    spec_draft_tokens: int = 0
+    cuda_graph: bool = True
+    cuda_graph_max_bs: int = 32
+    piecewise_cuda_graph: bool = False
+    single_batch_overlap: bool = False
+    overlap_schedule: bool = True
+    torch_compile: bool = False
+
+
+class SpeedModel:
+    """Per-step decode time and tokens accepted per step."""
+
+    def __init__(self, cfg: SpeedConfig, params: dict[str, Any] | None = None, seed: int | None = None) -> None:
+        self.cfg = cfg
+        self.p = params if params is not None else load_params()
+        self.rng = random.Random(seed)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens verified per step beyond the bonus token."""
+        if not self.cfg.spec_algorithm:
+            return 0
+        if self.cfg.spec_topk <= 1:
+            return self.cfg.spec_steps
+        return max(self.cfg.spec_draft_tokens - 1, self.cfg.spec_steps)
+
+    @property
+    def accept_prob(self) -> float:
+        if not self.cfg.spec_algorithm:
+            return 0.0
+        p = float(self.p["accept_prob"].get(self.cfg.spec_algorithm, self.p["accept_prob"]["EAGLE"]))
+        if self.cfg.spec_topk > 1:
+            p = 1 - (1 - p) / math.sqrt(self.cfg.spec_topk)
+        return p
+
+    def uses_cuda_graph(self, batch: int) -> bool:
+        return self.cfg.cuda_graph and batch <= self.cfg.cuda_graph_max_bs
+
+    def overhead_factor(self, batch: int) -> float:
+        f = 1.0
+        if not self.uses_cuda_graph(batch):
+            f *= self.p["no_cuda_graph_overhead_factor"]
+        if self.cfg.piecewise_cuda_graph:
+            f *= self.p["piecewise_overhead_factor"]
+        if self.cfg.single_batch_overlap:
+            f *= self.p["single_batch_overlap_overhead_factor"]
+        if self.cfg.overlap_schedule:
+            f *= self.p["overlap_schedule_overhead_factor"]
+        return float(f)
+
+    def mean_step_ms(self, batch: int = 1) -> float:
+        p = self.p
+        grow = 1 + p["batch_cost"] * (max(batch, 1) - 1)
+        target = p["target_ms_per_weight_gib"] * self.cfg.weights_gib / max(self.cfg.tp_size, 1)
+        if self.cfg.torch_compile:
+            target *= p["torch_compile_target_factor"]
+        spec = 0.0
+        if self.cfg.spec_algorithm:
+            draft = p.get("draft_step_ms_by_algorithm", {}).get(self.cfg.spec_algorithm, p["draft_step_ms"])
+            spec = self.cfg.spec_steps * draft + self.draft_tokens * p["verify_per_draft_token_ms"]
+        return float(p["overhead_ms"] * self.overhead_factor(batch) + (target + spec) * grow)
+
+    def mean_accept_len(self) -> float:
+        """Expected tokens per sequence per step (1 without speculative decoding)."""
+        q = self.accept_prob
+        return 1.0 + sum(q**i for i in range(1, self.draft_tokens + 1))
+
+    def mean_stream_tok_s(self, batch: int = 1) -> float:
+        """Expected tokens/s of one stream when `batch` streams decode together."""
+        return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch)
+
+    def sample_step_ms(self, batch: int) -> float:
+        return max(0.1, self.mean_step_ms(batch) * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
+
+    def sample_accept(self) -> int:
+        """Tokens one sequence gains in one step (1 + accepted drafts)."""
+        n = 1
+        q = self.accept_prob
+        for _ in range(self.draft_tokens):
+            if self.rng.random() >= q:
+                break
+            n += 1
+        return n
