@@ -177,7 +177,9 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         False,
     ),
     PhaseRow(VLLM, re.compile(r"Available KV cache memory: (?P<kv_mem_gib>[\d.]+) GiB"), Phase.KV_CACHE, True),
-    PhaseRow(VLLM, re.compile(r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens"), Phase.KV_CACHE, False),
+    PhaseRow(
+        VLLM, re.compile(r"\b(?P<device>[A-Z]{2,4}) KV cache size: (?P<tokens>[\d,]+) tokens"), Phase.KV_CACHE, False
+    ),
     PhaseRow(VLLM, re.compile(r"Capturing CUDA graphs"), Phase.CUDA_GRAPH, True, once=True),
     PhaseRow(
         VLLM,

