@@ -64,9 +64,12 @@ def nice_ceiling(value: float) -> float:
     return 10.0 * exp
 
 
-def _ticks(top: float) -> tuple[list[float], list[str]]:
-    """Five evenly spaced ticks from 0 to top, labelled without trailing zeros."""
-    values = [top * i / 4 for i in range(5)]
+def _ticks(top: float, count: int = 5) -> tuple[list[float], list[str]]:
+    """`count` evenly spaced ticks from 0 to top, labelled without trailing zeros.
+
+    Few enough ticks that plotext never has to thin them out (its thinning is not stable).
+    """
+    values = [top * i / (count - 1) for i in range(count)]
     return values, [f"{v:g}" for v in values]
 
 
@@ -168,6 +171,7 @@ class ThroughputChart(PlotextPlot):
         plt.clear_data()
         start, end = self._now - self.window_s, self._now
         buckets = max(10, self.size.width - 12)
+        ticks = 5 if self.size.height >= 16 else 3 if self.size.height >= 8 else 2
         by_source: dict[str, list[tuple[float, float]]] = {}
         accept: list[tuple[float, float]] = []
         for p in self._points:
@@ -177,7 +181,7 @@ class ThroughputChart(PlotextPlot):
         peak = max((p.tokens_per_s for p in self._points if start <= p.at <= end), default=0.0)
         self._y_top = max(self._y_top, nice_ceiling(peak * 1.1))
         plt.ylim(0, self._y_top, yside="left")  # type: ignore[arg-type]
-        plt.yticks(*_ticks(self._y_top), yside="left")  # type: ignore[arg-type]
+        plt.yticks(*_ticks(self._y_top, ticks), yside="left")  # type: ignore[arg-type]
         plt.xlim(-self.window_s, 0)
         for source, series in sorted(by_source.items()):
             xy = downsample(series, start, end, buckets)
@@ -194,7 +198,7 @@ class ThroughputChart(PlotextPlot):
         if accept_xy:
             self._accept_top = max(self._accept_top, nice_ceiling(max(y for _, y in accept_xy) * 1.1))
             plt.ylim(0, self._accept_top, yside="right")  # type: ignore[arg-type]
-            plt.yticks(*_ticks(self._accept_top), yside="right")  # type: ignore[arg-type]
+            plt.yticks(*_ticks(self._accept_top, ticks), yside="right")  # type: ignore[arg-type]
             plt.plot(
                 [x - end for x, _ in accept_xy],
                 [y for _, y in accept_xy],
