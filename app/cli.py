@@ -216,24 +216,18 @@ async def cmd_relaunch(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from app.core.logwatch import LogParser, event_to_json, summarize, summary_to_json
+    from app.core.logwatch import event_to_json, parse_lines, read_log_lines, summary_to_json
 
     path = Path(args.file)
     try:
-        text = path.read_text(errors="replace")
+        parsed = parse_lines(read_log_lines(path), args.backend)
     except OSError as exc:
-        raise CliError(f"{path}: cannot read the log ({exc.strerror})") from None
-    parser = LogParser(args.backend)
-    events = []
-    for line in text.splitlines():
-        events.extend(parser.feed(line))
-    events.extend(parser.flush())
+        raise CliError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
     if args.json:
-        for event in events:
+        for event in parsed.events:
             _print(json.dumps(event_to_json(event)))
         return EXIT_OK
-    summary = summary_to_json(summarize(events, backend=parser.backend))
-    _print(json.dumps(summary, indent=2))
+    _print(json.dumps(summary_to_json(parsed.summary()), indent=2))
     return EXIT_OK
 
 
