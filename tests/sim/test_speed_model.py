@@ -1,0 +1,103 @@
+"""The speed model responds to each flag in the documented direction and rough size (from its own parameters)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.sim.server_args import load_models, parse, resolve
+from app.sim.sglang import speed_config
+from app.sim.speed import SpeedConfig, SpeedModel, load_params
+
+P = load_params()
+DEMO = load_models()["sim/qwen3.6-27b"]
+
+
+def model(*flags: str) -> SpeedModel:
+    ns = parse(["--model-path", "sim/qwen3.6-27b", "--tp-size", "2", *flags])
+    args, _ = resolve(ns, DEMO, 49140)
+    return SpeedModel(speed_config(args, DEMO), P, seed=1)
+
+
+def test_calibration_of_the_demo_profile() -> None:
+    one = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1")
+    three = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    tuned = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                  "--enforce-piecewise-cuda-graph", "--enable-single-batch-overlap")
+    assert 35 <= one.mean_stream_tok_s() <= 40
+    assert 50 <= three.mean_stream_tok_s() <= 57
+    assert 3.0 <= three.mean_accept_len() <= 3.5
+    assert 66 <= tuned.mean_stream_tok_s() <= 74
+
+
+def test_more_steps_longer_acceptance_costlier_steps() -> None:
+    one = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1")
+    three = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    assert three.mean_accept_len() > one.mean_accept_len()
+    extra = 2 * (P["draft_step_ms"] + P["verify_per_draft_token_ms"])
+    assert three.mean_step_ms() - one.mean_step_ms() == pytest.approx(extra)
+
+
+def test_piecewise_graph_is_silently_off_for_multimodal_unless_enforced() -> None:
+    spec = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    assert model(*spec).mean_step_ms() == model(*spec, "--enable-piecewise-cuda-graph").mean_step_ms()
+    enforced = model(*spec, "--enforce-piecewise-cuda-graph")
+    saved = model(*spec).mean_step_ms() - enforced.mean_step_ms()
+    assert saved == pytest.approx(P["overhead_ms"] * (1 - P["piecewise_overhead_factor"]))
+
+
+def test_single_batch_overlap_and_cuda_graph_cut_overhead() -> None:
+    base = model()
+    sbo = model("--enable-single-batch-overlap")
+    no_graph = model("--disable-cuda-graph")
+    assert sbo.mean_step_ms() < base.mean_step_ms()
+    assert no_graph.mean_step_ms() / base.mean_step_ms() > 1.3
+    assert base.uses_cuda_graph(1) and not no_graph.uses_cuda_graph(1)
+
+
+def test_overlap_scheduler_helps_and_spec_v2_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert model("--disable-overlap-schedule").mean_step_ms() > model().mean_step_ms()
+    spec = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    v1 = model(*spec)
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "True")
+    v2 = model(*spec)
+    assert v2.mean_step_ms() < v1.mean_step_ms()
+
+
+def test_batching_raises_total_and_lowers_per_stream() -> None:
+    m = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    assert m.mean_stream_tok_s(8) < m.mean_stream_tok_s(1)
+    assert 8 * m.mean_stream_tok_s(8) > 4 * m.mean_stream_tok_s(1)
+    assert m.uses_cuda_graph(32) and not m.uses_cuda_graph(33)  # auto cuda_graph_max_bs for 48 GB, TP 2
+
+
+def test_sampled_acceptance_matches_the_mean() -> None:
+    m = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    draws = [m.sample_accept() for _ in range(20000)]
+    assert max(draws) == 4 and min(draws) == 1
+    assert sum(draws) / len(draws) == pytest.approx(m.mean_accept_len(), rel=0.03)
+    steps = [m.sample_step_ms(1) for _ in range(2000)]
+    assert sum(steps) / len(steps) == pytest.approx(m.mean_step_ms(), rel=0.01)
+    assert min(steps) != max(steps)  # a little noise
+
+
+def test_speed_file_override(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "fast.toml"
+    path.write_text("overhead_ms = 1.0\n[accept_prob]\nEAGLE = 0.5\n")
+    monkeypatch.setenv("TUNEDASH_SIM_SPEED_FILE", str(path))
+    params = load_params()
+    assert params["overhead_ms"] == 1.0 and params["accept_prob"]["EAGLE"] == 0.5
+    assert params["accept_prob"]["NGRAM"] == P["accept_prob"]["NGRAM"]
+    m = SpeedModel(SpeedConfig(weights_gib=10, spec_algorithm="EAGLE", spec_steps=1), params)
+    assert m.mean_accept_len() == pytest.approx(1.5)
+
+
+def test_resolution_messages() -> None:
+    ns = parse(["--model-path", "sim/qwen3.6-27b", "--speculative-algo", "NEXTN", "--speculative-num-steps", "2",
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"])
+    args, msgs = resolve(ns, DEMO, 49140)
+    assert args["speculative_algorithm"] == "EAGLE" and args["speculative_num_draft_tokens"] == 3
+    adjusted = "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
+    assert adjusted in msgs
+    assert args["max_running_requests"] == 48
