@@ -10,6 +10,7 @@ from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.events import Key
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -143,6 +144,11 @@ class LogViewScreen(Screen[None]):
     def on_mouse_scroll_up(self) -> None:
         """Scrolling up stops following."""
         self.follow = False
+
+    def on_key(self, event: Key) -> None:
+        """Moving up with the keyboard stops following too (the scrolling itself is LogLines')."""
+        if event.key in ("up", "pageup", "home") and self.focused is self.view:
+            self.follow = False
 
     def action_toggle_follow(self) -> None:
         """Follow on/off."""

@@ -151,13 +151,13 @@ class ThroughputChart(PlotextPlot):
         return self._dirty
 
     def _flush(self) -> None:
-        if self._dirty and self.display and self.is_on_screen:
+        if self._dirty and self.shown:
             self.replot()
 
     @property
-    def is_on_screen(self) -> bool:
-        """Whether the chart's screen is the active one."""
-        return self.is_attached and self.screen.is_current
+    def shown(self) -> bool:
+        """Whether the chart is displayed on the top screen (no replot while hidden or under a modal)."""
+        return self.display and self.is_on_screen and self.app.screen is self.screen
 
     def _colour(self, variable: str) -> tuple[int, int, int]:
         value = self.app.theme_variables.get(variable) or self.app.theme_variables.get("foreground", "white")

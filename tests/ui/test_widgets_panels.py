@@ -350,3 +350,19 @@ async def test_chart_replots_only_on_new_data_and_throttled() -> None:
         assert "steps 1 -> 3" in rendered
         assert "probe tok/s" in rendered
         assert "accept len" in rendered
+
+
+async def test_chart_waits_while_a_modal_covers_it() -> None:
+    from widgets import ErrorModal
+
+    chart = ThroughputChart(min_interval_s=0.1)
+    app = Host(chart)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(ErrorModal("x", "y"))
+        await pilot.pause()
+        chart.update([ThroughputPoint(1000.0, 100.0, "log")], now=1000.0)
+        await pilot.pause(0.3)
+        assert chart.replot_count == 0
+        app.pop_screen()
+        await pilot.pause(0.3)
+        assert chart.replot_count == 1

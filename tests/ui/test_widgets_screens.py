@@ -219,3 +219,20 @@ async def test_log_view_search_not_found() -> None:
         await pilot.pause()
         assert screen.matches == []
         assert "not found" in str(screen.query_one(".log-status", Static).content)
+
+
+async def test_log_view_keyboard_up_stops_following() -> None:
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = LogViewScreen(LOG)
+        app.open(screen)  # type: ignore[arg-type]
+        await pilot.pause()
+        assert screen.follow
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert not screen.follow
+        y = screen.view.scroll_offset.y
+        assert y < screen.view.max_scroll_y
+        screen.add_lines(["one more"])
+        await pilot.pause()
+        assert screen.view.scroll_offset.y == y
