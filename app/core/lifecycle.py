@@ -117,6 +117,7 @@ class ServerLifecycle:
         self.last_decode: DecodeStats | None = None
         self.health_ok: bool | None = None
         self._marks: dict[str, float] = {}
+        self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         self._listeners: list[Callable[[LifecycleEvent], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
@@ -151,6 +152,8 @@ class ServerLifecycle:
     @property
     def phase_times(self) -> dict[str, float]:
         """Seconds per phase of the last launch (start, load, capture, warmup, ready; kill, release)."""
+        if self._attached_times is not None:
+            return dict(self._attached_times)
         marks = self._marks
         order = [
             ("kill", "KILLING", "RELEASING"),
@@ -181,6 +184,7 @@ class ServerLifecycle:
             self._set_state(ServerState.STOPPED)
             return False
         self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
+        self._attached_times = dict(record.phase_times)
         self._set_state(ServerState.LAUNCHING)
         self._start_watch(record)
         return True
@@ -259,6 +263,7 @@ class ServerLifecycle:
         return record
 
     def _reset_run(self) -> None:
+        self._attached_times = None
         self.notices = []
         self.fatal = None
         self.last_lines.clear()
@@ -329,7 +334,9 @@ class ServerLifecycle:
         if isinstance(event, PhaseEvent):
             self._advance(event)
         elif isinstance(event, ReadyEvent):
-            if self.state in STARTING_STATES:
+            if self.state in STARTING_STATES and self._attached_times is not None:
+                self._set_state(ServerState.READY)
+            elif self.state in STARTING_STATES:
                 self._set_state(ServerState.READY)
                 times = self.phase_times
                 if "ready" in times:
@@ -384,6 +391,7 @@ class ServerLifecycle:
         self._marks.pop("KILLING", None)
         self._marks.pop("RELEASING", None)
         self._marks.pop("FREE", None)
+        self._attached_times = None
         self._set_state(ServerState.KILLING)
         signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
         self._say(f"SIGTERM to group {record.pgid} ({len(signalled)} processes)")
@@ -460,6 +468,7 @@ class ServerLifecycle:
         """kill -> confirm free -> launch -> wait ready, with the new profile (flags)."""
         for key in list(self._marks):
             self._marks.pop(key)
+        self._attached_times = None
         verdict = await self.kill(confirm_free=True)
         if verdict is not None and not verdict.confirmed:
             raise LaunchRefused(

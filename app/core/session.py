@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag
+from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
 from app.core.hosts.base import Host
 from app.core.lifecycle import (
     ActionLogged,
@@ -229,7 +229,24 @@ class Session:
         self._note("pending changes undone")
 
     def describe_pending(self) -> str:
-        return ", ".join(describe_change(c, self.profile.toggles) for c in self.pending_changes) or "no change"
+        """The pending change for people: toggles first by their names ("steps 1 -> 3", "overlap sched ->
+        sched+sbo"), then other flags; flags a toggle derives (draft tokens from steps) are not repeated."""
+        running, pending = self.profile.flags, self.pending_flags
+        parts: list[str] = []
+        covered: set[str] = set()
+        for toggle in self.profile.toggles:
+            before, after = toggle_value(running, toggle), toggle_value(pending, toggle)
+            covered.update(toggle.flags)
+            if before != after:
+                parts.append(f"{toggle.label} {before} -> {after}")
+                if "speculative-num-steps" in toggle.flags:
+                    covered.add("speculative-num-draft-tokens")
+        parts += [
+            describe_change(change, self.profile.toggles)
+            for change in self.pending_changes
+            if change.flag not in covered and change.flag.split(".")[0] not in covered
+        ]
+        return ", ".join(parts) or "no change"
 
     # ---- commands --------------------------------------------------------------------------------
     def _guard(self, what: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -19,9 +19,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header
 
-from app.core.flags import format_value, get_flag
+from app.core.flags import toggle_value
 from app.core.hosts.base import Host
-from app.core.model import ServerState
+from app.core.model import ServerState, ThroughputPoint
 from app.core.profile import Profile
 from app.core.session import ReadOnlyError, Session
 from app.tui.commands import FlagCommands
@@ -124,9 +124,9 @@ class TunedashApp(App[None]):
                 )
             self.query_one(ServerPanel).update(self._server_view(), now_wall)
             self.query_one(FlagsPanel).update(self._toggle_rows())
-            self.query_one(ThroughputChart).update(
-                list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers]
-            )
+            chart = self.query_one(ThroughputChart)
+            chart.update(list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers])
+            chart.border_subtitle = _latest_figures(session.throughput, now_wall)
             events = list(session.events)
             if len(events) > self._shown_events:
                 log = self.query_one(EventLog)
@@ -162,13 +162,16 @@ class TunedashApp(App[None]):
 
     def _toggle_rows(self) -> list[ToggleRow]:
         session = self.session
-        rows = []
-        for toggle in session.profile.toggles:
-            running = [get_flag(session.profile.flags, f) for f in toggle.flags]
-            pending = [get_flag(session.pending_flags, f) for f in toggle.flags]
-            rows.append(ToggleRow(toggle.key, toggle.label, " ".join(toggle.flags),
-                                  _show(running), _show(pending)))
-        return rows
+        return [
+            ToggleRow(
+                toggle.key,
+                toggle.label,
+                " ".join(f"--{flag}" for flag in toggle.flags),
+                toggle_value(session.profile.flags, toggle),
+                toggle_value(session.pending_flags, toggle),
+            )
+            for toggle in session.profile.toggles
+        ]
 
     def _feed_log_screen(self) -> None:
         if self._log_screen is None or self.screen is not self._log_screen:
@@ -250,10 +253,19 @@ class TunedashApp(App[None]):
         self.exit()
 
 
-def _show(values: Sequence[object]) -> str | None:
-    if all(v is None for v in values):
-        return None
-    return "/".join("off" if v is None else format_value(v) for v in values)
+def _latest_figures(points: Iterable[ThroughputPoint], now: float, window_s: float = 30.0) -> str:
+    """The newest tok/s per source (within the window) and the newest acceptance length, as text."""
+    latest: dict[str, float] = {}
+    accept: float | None = None
+    for point in points:
+        if now - point.at <= window_s:
+            latest[point.source] = point.tokens_per_s
+            if point.accept_len is not None:
+                accept = point.accept_len
+    parts = [f"{source} {value:.1f} tok/s" for source, value in sorted(latest.items())]
+    if accept is not None:
+        parts.append(f"accept {accept:.2f}")
+    return " · ".join(parts)
 
 
 def _level(level: str) -> Literal["info", "action", "success", "warning", "error"]:
