@@ -54,7 +54,7 @@ class JobRecord:
     outcome: str = "running"  # running | ready | crashed | killed
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:

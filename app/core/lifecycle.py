@@ -145,7 +145,8 @@ class ServerLifecycle:
         previous = self.state
         self.state = state
         self.state_since = time.time()
-        self._marks.setdefault(state.value, time.monotonic())
+        if self._attached_times is None:  # a replayed log says nothing about how long phases took
+            self._marks.setdefault(state.value, time.monotonic())
         self._emit(StateChanged(state, previous, self.state_since))
         self._state_event.set()
 

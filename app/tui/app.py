@@ -77,10 +77,9 @@ class TunedashApp(App[None]):
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="top"):
-            with Vertical(id="left"):
-                yield GpuPanel(id="gpus")
-                yield ServerPanel(id="server")
+        yield GpuPanel(id="gpus")
+        with Horizontal(id="middle"):
+            yield ServerPanel(id="server")
             with Vertical(id="right"):
                 yield FlagsPanel(id="flags")
                 yield ThroughputChart(id="chart")
@@ -96,6 +95,9 @@ class TunedashApp(App[None]):
         self._load_keymap()
         self.run_worker(self.session.start(), name="session start", exit_on_error=False)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
+
+    def on_resize(self) -> None:
+        self.screen.set_class(self.size.height < 32, "-compact")
 
     def _load_keymap(self) -> None:
         """Remap keys from keys.toml: `[keys]` with binding id = key, e.g. relaunch = "R"."""
@@ -126,7 +128,11 @@ class TunedashApp(App[None]):
             self.query_one(FlagsPanel).update(self._toggle_rows())
             chart = self.query_one(ThroughputChart)
             chart.update(list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers])
-            chart.border_subtitle = _latest_figures(session.throughput, now_wall)
+            chart.border_subtitle = (
+                _latest_figures(session.throughput, now_wall)
+                if session.lifecycle.state == ServerState.READY
+                else ""
+            )
             events = list(session.events)
             if len(events) > self._shown_events:
                 log = self.query_one(EventLog)
