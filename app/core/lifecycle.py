@@ -45,7 +45,7 @@ LIVE_STATES = {
     ServerState.READY,
 }
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
-RELEASE_POLL_MS = 50
+RELEASE_POLL_MS = 25
 
 
 @dataclass(frozen=True)
