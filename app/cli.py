@@ -177,6 +177,11 @@ async def cmd_status(args: argparse.Namespace) -> int:
             _print(f"  phases: {_phase_line(data['phase_times'])}")
         for name, value in sorted((data.get("flags") or {}).items()):
             _print(f"  --{name} {value}")
+        for notice in data.get("notices") or []:
+            _print(f"  notice: {notice}")
+        if data.get("fatal"):
+            _print(f"  fatal: {data['fatal']}")
+            _print(f"  log: {data.get('log_path')}")
     return EXIT_OK
 
 
@@ -262,7 +267,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    args.profile = "demo"
+    """The demo profile by default; PROFILE lets a test run the same demo on a private sim state and port."""
+    args.profile = args.profile or "demo"
     args.readonly = False
     args.probe = True
     args.autolaunch = True
@@ -279,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--unset", action="append", metavar="FLAG", help="remove a launch flag")
 
     p = sub.add_parser("demo", help="open the dashboard on the built-in simulated GPU host")
+    p.add_argument("profile", nargs="?", help="a demo-like profile instead of `demo` (own port and sim_state)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("ui", help="open the dashboard for a profile")

@@ -46,6 +46,8 @@ LIVE_STATES = {
 }
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
 RELEASE_POLL_MS = 25
+# Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed").
+FATAL_RANK = {"child_failed": 0, "error": 1, "traceback": 2, "port_in_use": 3, "oom": 3}
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,8 @@ class ServerLifecycle:
             self.notices.append(event)
             self._say(event.text, "warning")
         elif isinstance(event, FatalEvent):
-            self.fatal = event
+            if self.fatal is None or FATAL_RANK.get(event.kind, 0) >= FATAL_RANK.get(self.fatal.kind, 0):
+                self.fatal = event
             self._say(f"fatal: {event.text}", "error")
         elif isinstance(event, DecodeStats):
             self.last_decode = event

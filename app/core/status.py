@@ -8,6 +8,7 @@ from typing import Any
 
 from app.core import jobs
 from app.core.hosts.base import Host, ProcessInfo
+from app.core.lifecycle import FATAL_RANK
 from app.core.logwatch import LogParser
 from app.core.model import FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent, ServerState
 from app.core.profile import Profile
@@ -54,7 +55,8 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
         events.extend(parser.feed(line))
     events.extend(parser.flush())
     notices = [e.text for e in events if isinstance(e, Notice)]
-    fatals = [e.text for e in events if isinstance(e, FatalEvent)]
+    fatal_events = [e for e in events if isinstance(e, FatalEvent)]
+    telling = max(reversed(fatal_events), key=lambda e: FATAL_RANK.get(e.kind, 0), default=None)
     if members:
         state = state_from_log(events)
     elif record.outcome == "killed":
@@ -63,7 +65,7 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
         state = ServerState.CRASHED
     else:
         state = ServerState.CRASHED if record.outcome == "crashed" else ServerState.STOPPED
-    return StatusReport(profile, host.name, state, record, members, notices, fatals[-1] if fatals else None)
+    return StatusReport(profile, host.name, state, record, members, notices, telling.text if telling else None)
 
 
 def status_to_json(report: StatusReport) -> dict[str, Any]:
