@@ -45,7 +45,7 @@ LIVE_STATES = {
     ServerState.READY,
 }
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
-RELEASE_POLL_MS = 25
+RELEASE_POLL_MS = 50  # SmiTelemetry.stream samples no faster than every 50 ms
 # Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed").
 FATAL_RANK = {"child_failed": 0, "error": 1, "traceback": 2, "port_in_use": 3, "oom": 3}
 

@@ -139,6 +139,16 @@ class SmiTelemetry:
             return GpuSnapshot(gpus=(), taken_at=self._clock(), error=gpu_result)
         rows, skipped = parse_gpu_csv(gpu_result.stdout, GPU_FIELDS)
         error = classify_smi_failure(gpu_result.returncode, gpu_result.stdout, gpu_result.stderr)
+        if error is None and not rows and skipped:
+            first = next(line for line in gpu_result.stdout.splitlines() if line.strip())
+            error = TelemetryError(
+                "garbage",
+                f"{self._executable} on {self.host.name} printed {skipped} line(s) that are not its CSV output, "
+                f"starting with: {first.strip()[:120]!r}",
+                gpu_result.returncode,
+                f"check which `{self._executable}` is first on PATH on {self.host.name} (`command -v "
+                f"{self._executable}`): tunedash needs NVIDIA's tool",
+            )
         taken_at = self._clock()
         gpus = self._samples(_indexed(rows, self.indices), taken_at, max_age_s=None)
         for gpu in gpus:

@@ -174,6 +174,16 @@ async def test_missing_nvidia_smi_is_an_error_snapshot() -> None:
     assert snapshot.error.kind == "not_found"
 
 
+async def test_output_that_is_all_garbage_is_an_error_not_zero_gpus() -> None:
+    host = ScriptedHost([ok("Segmentation fault\nwho knows, what\n")], [ok("")])
+    snapshot = await SmiTelemetry(host).sample()
+    assert snapshot.gpus == ()
+    assert snapshot.error is not None
+    assert snapshot.error.kind == "garbage"
+    assert "Segmentation fault" in snapshot.error.message
+    assert "command -v nvidia-smi" in snapshot.error.hint
+
+
 async def test_host_exception_becomes_an_error_snapshot() -> None:
     host = ScriptedHost([HostError("gpu-box: connection lost")], [HostError("gpu-box: connection lost")])
     snapshot = await SmiTelemetry(host).sample()
