@@ -46,7 +46,7 @@ class GpuSample:
 class TelemetryError:
     """A whole telemetry read failed (nvidia-smi missing, driver mismatch, NVML init error...)."""
 
-    kind: str  # "not_found" | "driver" | "no_devices" | "bad_field" | "lost" | "permission" | "other"
+    kind: str  # "not_found" | "driver" | "no_devices" | "bad_field" | "lost" | "permission" | "garbage" | "other"
     message: str  # the tool's own text, verbatim
     exit_code: int | None = None
     hint: str = ""  # what the user can do

@@ -1,0 +1,41 @@
+"""The rooms of ARCHITECTURE.md: the core imports no UI and no simulator; widgets import no hosts or NVML."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import app.core
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _loaded_after_import(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}"
+        " or m.startswith(('app.sim', 'app.tui')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return list(json.loads(out.stdout))
+
+
+def test_every_core_module_imports_no_ui_and_no_simulator() -> None:
+    modules = [f"app.core.{m.name}" for m in pkgutil.walk_packages(app.core.__path__) if not m.ispkg]
+    modules += ["app.core.hosts.base", "app.core.hosts.local", "app.core.hosts.procfs"]
+    assert len(modules) > 15
+    assert _loaded_after_import(modules, ("textual", "rich", "widgets")) == []
+
+
+def test_widgets_import_no_hosts_no_nvml_no_ssh() -> None:
+    code = (
+        "import sys, widgets\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('asyncssh', 'pynvml') "
+        "or m.startswith(('app.core.hosts', 'app.sim'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
