@@ -82,6 +82,7 @@ class Session:
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._command_task: asyncio.Task[None] | None = None
+        self._tail_task: asyncio.Task[None] | None = None
 
     # ---- wiring ----------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> None:
@@ -131,7 +132,7 @@ class Session:
             self.profile = replace(self.profile, flags=dict(record.flags))
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
-            self._spawn(self._tail_log(record.log_path))
+            self._follow_server_log(record.log_path)
         elif self.autolaunch:
             self._note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
@@ -151,6 +152,12 @@ class Session:
             async for snapshot in snapshots:
                 self.snapshot = snapshot
                 self.changed.set()
+
+    def _follow_server_log(self, path: str) -> None:
+        """Keep the log view's lines from this launch's log (one follower at a time)."""
+        if self._tail_task is not None:
+            self._tail_task.cancel()
+        self._tail_task = self._spawn(self._tail_log(path))
 
     async def _tail_log(self, path: str) -> None:
         self.log_lines.clear()
@@ -280,7 +287,8 @@ class Session:
         self.lifecycle.profile = self.pending_profile
         await self.lifecycle.launch()
         self.profile = self.pending_profile
-        self._spawn(self._tail_log(self.lifecycle.record.log_path if self.lifecycle.record else ""))
+        if self.lifecycle.record is not None:
+            self._follow_server_log(self.lifecycle.record.log_path)
 
     async def kill(self) -> None:
         self._guard("kill")
@@ -307,7 +315,7 @@ class Session:
         await self.lifecycle.launch()
         self.profile = new_profile
         if self.lifecycle.record is not None:
-            self._spawn(self._tail_log(self.lifecycle.record.log_path))
+            self._follow_server_log(self.lifecycle.record.log_path)
         state = await self.lifecycle.wait_ready()
         times = self.lifecycle.phase_times
         if state == ServerState.READY:
