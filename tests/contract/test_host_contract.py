@@ -1,23 +1,43 @@
-"""The host interface contract: every Host implementation must pass these (local now, SSH next)."""
+"""The host interface contract: every Host implementation must pass these (LocalHost, and SshHost through a
+real OpenSSH sshd on loopback, logged in as a non-root test user; skipped without sshd)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import socket
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
+from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the fixture
 
 
-@pytest.fixture(params=["local"])
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A scratch folder the SSH test user can write too (pytest's own is private to this user)."""
+    folder = Path(tempfile.mkdtemp(prefix="tunedash-contract-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
 async def host(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Host]:
-    made = LocalHost("local", state_dir=str(tmp_path / "state"))
+    made: Host
+    if request.param == "ssh":
+        from app.core.hosts.ssh import SshHost
+
+        server: Sshd = request.getfixturevalue("sshd")
+        made = SshHost(server.spec, state_dir=str(tmp_path / "state"), options=server.options())
+    else:
+        made = LocalHost("local", state_dir=str(tmp_path / "state"))
     yield made
     await made.close()
 
@@ -89,7 +109,7 @@ async def test_detached_job_leads_its_own_group_and_gets_verbatim_args(host: Hos
 
 
 async def test_signal_to_a_missing_group_says_so(host: Host) -> None:
-    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # noqa: ASYNC240
     assert not await host.signal_group(pid_max + 1, signal.SIGTERM)
 
 
@@ -120,7 +140,7 @@ async def test_files_and_follow(host: Host, tmp_path: Path) -> None:
 
     task = asyncio.create_task(follow())
     await asyncio.sleep(0.1)
-    with open(path, "a") as handle:
+    with open(path, "a") as handle:  # noqa: ASYNC230
         handle.write("two\nthr")
         handle.flush()
         await asyncio.sleep(0.1)

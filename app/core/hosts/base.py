@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -36,6 +36,21 @@ class ProcessInfo:
     state: str  # one letter from /proc/PID/stat: R, S, D, Z, ...
     name: str  # comm / process title
     start_time: str
+
+
+@dataclass(frozen=True)
+class ConnectionChanged:
+    """The connection to a remote host changed state: "connected", "lost", "reconnecting" or "failed".
+
+    `detail` says why (the error, the next retry); `since` is when the host was last reachable (time.time()),
+    so a UI can show how old its last values are.
+    """
+
+    host: str
+    state: str
+    detail: str
+    at: float
+    since: float | None = None
 
 
 class HostError(Exception):
@@ -111,3 +126,13 @@ class Host(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
+
+    async def http_base(self, port: int) -> str:
+        """The base URL that reaches a server listening on `port` of this host (an SSH host forwards it)."""
+        return f"http://127.0.0.1:{port}"
+
+    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:  # noqa: B027
+        """Be told of connection changes (remote hosts only; a local host never calls it)."""
+
+    def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:  # noqa: B027
+        """Let a UI decide on an unknown host key (remote hosts only). `prompt(request)` gets a TrustRequest."""

@@ -1,0 +1,405 @@
+"""SshHost: the host interface over one persistent asyncssh connection per host, with reconnects.
+
+Every command is an argv list, quoted with shlex.join here and only here; the remote login shell parses
+that one quoted string, so no user value is ever interpreted. `extra_env` (the simulated host's PATH,
+TUNEDASH_SIM_STATE, PYTHONPATH) and per-call env travel as `env K=V ... argv`.
+
+Streams: one channel per stream on the same connection. The remote command runs under a small `sh` watchdog
+that kills the command's process group (sshd makes each session its own group) when the channel's stdin
+reaches EOF, which happens when we close the channel and when the connection dies; so streams that lose
+their reader never pile up on the host, even on OpenSSH versions that ignore channel signals for root.
+
+Connection loss: a supervisor task waits on the connection; when it closes unexpectedly it emits
+ConnectionChanged("lost"), retries with capped exponential backoff (1 s doubling to 30 s), and emits
+"connected" when back. While disconnected, every call fails at once with a HostError that says so (callers
+retry: telemetry yields error snapshots, the lifecycle keeps watching); `follow` waits and resumes where it
+was. A permanent failure (host key changed, permission denied) stops retrying and emits "failed".
+Detached servers never depend on the connection (setsid nohup), so a disconnect never touches them.
+
+HTTP to the server goes through a local port forward on the same connection, cached per remote port; the
+local port is re-bound to the same number after a reconnect so a probe's base URL stays valid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import asyncssh
+
+from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, ProcessInfo, SpawnedProcess
+from app.core.hosts.local import detached_argv
+from app.core.hosts.procfs import listening_ports, parse_stat_line, parse_stat_text
+from app.core.hosts.ssh_trust import (
+    HostKeyChanged,
+    HostKeyUnknown,
+    SshTarget,
+    TrustRequest,
+    add_known_host,
+    changed_message,
+    connect_options,
+    inspect_host_key,
+    unknown_message,
+)
+
+# Run "$@" with stdin from /dev/null; a background `cat` holds the channel's stdin and, at its EOF (channel
+# closed or connection gone), signals the whole process group. Its own output goes nowhere, so it never
+# keeps the channel open after the command exits.
+WATCHDOG = 'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM 0) >/dev/null 2>&1 </dev/null & exec "$@" </dev/null 3<&-'
+BACKOFF_S = (1.0, 30.0)
+PERMANENT = (asyncssh.PermissionDenied, asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed)
+
+
+class SshHost(Host):
+    """A remote machine reached over SSH. `options` are extra asyncssh.connect arguments (tests pin
+    known_hosts files and client keys there); host-key checking can never be turned off."""
+
+    is_local = False
+
+    def __init__(
+        self,
+        spec: str,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        state_dir: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        backoff_s: tuple[float, float] = BACKOFF_S,
+    ) -> None:
+        self.target = SshTarget.parse(spec)
+        self.name = spec
+        self._extra_env = dict(extra_env or {})
+        # Relative paths resolve in the login directory, where every remote command starts.
+        self._state_dir = state_dir or ".local/state/tunedash"
+        self._options = dict(options or {})
+        self._backoff_s = backoff_s
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._connected = asyncio.Event()
+        self._ever_connected = False
+        self._closing = False
+        self._failed: HostError | None = None
+        self._last_error: HostError | None = None
+        self._last_attempt = 0.0
+        self._lost_at: float | None = None
+        self._next_try_at: float | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[ConnectionChanged], None]] = []
+        self._trust_prompt: Callable[[object], Awaitable[bool]] | None = None
+        self._forwards: dict[int, int] = {}  # remote port -> local port
+        self._listeners_fw: dict[int, asyncssh.SSHListener] = {}
+        self.state = "disconnected"
+
+    # ---- connection ------------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> str:
+        return self._state_dir
+
+    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:
+        self._listeners.append(listener)
+
+    def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:
+        self._trust_prompt = prompt
+
+    def _emit(self, state: str, detail: str) -> None:
+        self.state = state
+        event = ConnectionChanged(self.name, state, detail, time.time(), self._lost_at)
+        for listener in list(self._listeners):
+            listener(event)
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
+        """One connection attempt; permanent problems become HostKeyChanged/HostKeyUnknown/HostError."""
+        kwargs = connect_options(self.target, self._options)
+        try:
+            return await asyncssh.connect(self.target.host, **kwargs)
+        except asyncssh.HostKeyNotVerifiable:
+            request = await inspect_host_key(self.target, kwargs)
+            if request.status == "changed":
+                raise HostKeyChanged(changed_message(request)) from None
+            if request.status == "unknown" and self._trust_prompt is not None and await self._trust_prompt(request):
+                add_known_host(request)
+                return await self._open()
+            if request.status == "trusted":  # the key is listed, so something else failed verification
+                raise HostError(f"{self.name}: the host key could not be verified (revoked or CA key?)") from None
+            raise HostKeyUnknown(unknown_message(request), request) from None
+        except asyncssh.PermissionDenied as exc:
+            raise HostError(
+                f"{self.name}: login refused ({exc.reason}); check the user and IdentityFile in ~/.ssh/config "
+                "or load your key into ssh-agent"
+            ) from None
+        except (asyncssh.Error, OSError, TimeoutError) as exc:
+            raise HostError(f"{self.name}: cannot connect ({type(exc).__name__}: {exc})") from None
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is not None:
+            return self._conn
+        if self._failed is not None:
+            raise self._failed
+        if self._ever_connected:
+            age = time.time() - (self._lost_at or time.time())
+            wait = max(0.0, (self._next_try_at or time.monotonic()) - time.monotonic())
+            raise HostError(f"{self.name}: connection lost {age:.0f} s ago; reconnecting (next try in {wait:.0f} s)")
+        async with self._connect_lock:
+            if self._conn is not None:
+                return self._conn
+            if self._last_error is not None and time.monotonic() - self._last_attempt < 1.0:
+                raise self._last_error
+            self._last_attempt = time.monotonic()
+            try:
+                conn = await self._open()
+            except (HostKeyChanged, HostKeyUnknown) as exc:
+                self._last_error = exc
+                self._emit("failed", str(exc))
+                raise
+            except HostError as exc:
+                self._last_error = exc
+                raise
+            self._adopt(conn)
+            self._ever_connected = True
+            self._emit("connected", f"connected to {self.name}")
+            self._supervisor = asyncio.create_task(self._supervise(), name=f"ssh supervisor {self.name}")
+            return conn
+
+    def _adopt(self, conn: asyncssh.SSHClientConnection) -> None:
+        self._conn = conn
+        self._last_error = None
+        self._lost_at = None
+        self._connected.set()
+
+    async def _supervise(self) -> None:
+        """Wait for the connection to close; unless we closed it, reconnect with capped exponential backoff."""
+        while not self._closing:
+            conn = self._conn
+            if conn is None:
+                return
+            await conn.wait_closed()
+            if self._closing:
+                return
+            self._conn = None
+            self._connected.clear()
+            self._listeners_fw.clear()
+            self._lost_at = time.time()
+            delay = self._backoff_s[0]
+            self._emit("lost", f"connection to {self.name} lost; reconnecting in {delay:.0f} s")
+            while not self._closing:
+                self._next_try_at = time.monotonic() + delay
+                await asyncio.sleep(delay)
+                try:
+                    conn = await self._open()
+                except (HostKeyChanged, HostKeyUnknown, PermissionError) as exc:
+                    self._failed = exc if isinstance(exc, HostError) else HostError(str(exc))
+                    self._emit("failed", str(exc))
+                    self._connected.set()  # wake waiters so they see the failure
+                    return
+                except HostError as exc:
+                    delay = min(delay * 2, self._backoff_s[1])
+                    self._emit("reconnecting", f"{exc}; next try in {delay:.0f} s")
+                    continue
+                self._adopt(conn)
+                await self._restore_forwards(conn)
+                self._emit("connected", f"reconnected to {self.name}")
+                break
+
+    async def wait_connected(self) -> None:
+        """Until the connection is back (raises the permanent failure if reconnecting gave up)."""
+        if self._conn is None and not self._ever_connected:
+            await self._connection()
+            return
+        await self._connected.wait()
+        if self._failed is not None:
+            raise self._failed
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await conn.wait_closed()
+
+    # ---- commands --------------------------------------------------------------------------------
+    def _command(self, argv: Sequence[str], env: Mapping[str, str] | None) -> str:
+        merged = dict(self._extra_env)
+        if env:
+            merged.update(env)
+        prefix = ["env", *(f"{key}={value}" for key, value in merged.items())] if merged else []
+        return shlex.join([*prefix, *argv])
+
+    def _lost(self, exc: BaseException) -> HostError:
+        return HostError(f"{self.name}: connection problem ({type(exc).__name__}: {exc}); tunedash reconnects")
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = 30.0,
+        env: Mapping[str, str] | None = None,
+        input_text: str | None = None,
+    ) -> CommandResult:
+        conn = await self._connection()
+        try:
+            result = await conn.run(self._command(argv, env), input=input_text, timeout=timeout, check=False)
+        except asyncssh.TimeoutError:
+            raise HostError(f"{self.name}: `{' '.join(argv)}` did not finish within {timeout} s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise self._lost(exc) from None
+        code = result.returncode if result.returncode is not None else -1
+        return CommandResult(tuple(argv), code, _text(result.stdout), _text(result.stderr))
+
+    async def stream_lines(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[str, None]:
+        conn = await self._connection()
+        command = shlex.join(["sh", "-c", WATCHDOG, "sh"]) + " " + self._command(argv, env)
+        try:
+            proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+        except (asyncssh.Error, OSError) as exc:
+            raise self._lost(exc) from None
+        queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
+
+        async def pump(stream: asyncssh.SSHReader[str], prefix: str) -> None:
+            try:
+                async for line in stream:
+                    if line:
+                        await queue.put(prefix + line.rstrip("\r\n"))
+            except (asyncssh.Error, OSError) as exc:
+                await queue.put(exc)
+            await queue.put(None)
+
+        pumps = [asyncio.create_task(pump(proc.stdout, "")), asyncio.create_task(pump(proc.stderr, "\x00stderr:"))]
+        try:
+            open_streams = 2
+            while open_streams:
+                item = await queue.get()
+                if item is None:
+                    open_streams -= 1
+                elif isinstance(item, BaseException):
+                    raise self._lost(item)
+                else:
+                    yield item
+            await proc.wait_closed()
+            if proc.exit_status is None and proc.exit_signal is None:
+                raise self._lost(ConnectionError("the channel closed without an exit status"))
+            yield f"\x00exit:{proc.returncode if proc.returncode is not None else -1}"
+        finally:
+            for task in pumps:
+                task.cancel()
+            proc.close()  # the remote watchdog sees stdin EOF and ends the command's group
+
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> SpawnedProcess:
+        folder = log_path.rsplit("/", 1)[0] if "/" in log_path else "."
+        await self.run(["mkdir", "-p", "--", folder], timeout=10.0)
+        merged = dict(self._extra_env)
+        if env:
+            merged.update(env)
+        result = await self.run(detached_argv(argv, log_path, merged, cwd), timeout=10.0, env={})
+        if result.returncode != 0 or not result.stdout.strip().isdigit():
+            raise HostError(
+                f"{self.name}: could not start `{argv[0]}` detached: {result.stderr.strip() or result.stdout}"
+            )
+        pid = int(result.stdout.strip())
+        stat = await self.run(["cat", f"/proc/{pid}/stat"], timeout=10.0)
+        info = parse_stat_line(stat.stdout) if stat.returncode == 0 else None
+        return SpawnedProcess(pid=pid, pgid=pid, start_time=info.start_time if info else "")
+
+    async def signal_group(self, pgid: int, signal_number: int) -> bool:
+        # The shell's own kill (dash and bash both take `kill -N -PGID`; dash rejects `--`).
+        result = await self.run(["sh", "-c", 'kill -"$1" "$2"', "sh", str(int(signal_number)), f"-{int(pgid)}"])
+        if result.returncode == 0:
+            return True
+        message = (result.stderr or result.stdout).strip()
+        if "No such process" in message:
+            return False
+        if "not permitted" in message:
+            raise HostError(
+                f"{self.name}: not allowed to signal process group {pgid} ({message}); it belongs to another user"
+            )
+        raise HostError(f"{self.name}: kill of group {pgid} failed: {message}")
+
+    async def processes(self) -> list[ProcessInfo]:
+        result = await self.run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; exit 0"])
+        return parse_stat_text(result.stdout)
+
+    async def port_in_use(self, port: int) -> bool:
+        result = await self.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; exit 0"])
+        return port in listening_ports(result.stdout)
+
+    async def read_text(self, path: str) -> str | None:
+        result = await self.run(["sh", "-c", 'test -e "$1" || exit 44; exec cat -- "$1"', "sh", path])
+        if result.returncode == 44:
+            return None
+        if result.returncode != 0:
+            raise HostError(f"{self.name}: cannot read {path}: {result.stderr.strip()}")
+        return result.stdout
+
+    async def write_text(self, path: str, text: str) -> None:
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"'
+        result = await self.run(["sh", "-c", script, "sh", path], input_text=text)
+        if result.returncode != 0:
+            raise HostError(f"{self.name}: cannot write {path}: {result.stderr.strip()}")
+
+    async def remove(self, path: str) -> None:
+        await self.run(["rm", "-f", "--", path])
+
+    async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
+        """`tail -F` over the connection; after a reconnect it resumes at the next unseen line."""
+        seen = 0
+        if not from_start:
+            count = await self.run(["sh", "-c", 'wc -l < "$1" 2>/dev/null || echo 0', "sh", path])
+            seen = int(count.stdout.strip() or 0) if count.stdout.strip().isdigit() else 0
+        while True:
+            try:
+                async with contextlib.aclosing(self.stream_lines(["tail", "-F", "-n", f"+{seen + 1}", path])) as lines:
+                    async for line in lines:
+                        if line.startswith("\x00stderr:"):
+                            if "truncated" in line or "replaced" in line or "has appeared" in line:
+                                seen = 0
+                            continue
+                        if line.startswith("\x00exit:"):
+                            break
+                        seen += 1
+                        yield line
+                await asyncio.sleep(1.0)
+            except HostError:
+                await self.wait_connected()
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    async def http_base(self, port: int) -> str:
+        conn = await self._connection()
+        if port not in self._listeners_fw:
+            wanted = self._forwards.get(port, 0)
+            try:
+                listener = await conn.forward_local_port("127.0.0.1", wanted, "127.0.0.1", port)
+            except (asyncssh.Error, OSError) as exc:
+                raise HostError(f"{self.name}: cannot forward a local port to port {port} ({exc})") from None
+            self._listeners_fw[port] = listener
+            self._forwards[port] = listener.get_port()
+        return f"http://127.0.0.1:{self._forwards[port]}"
+
+    async def _restore_forwards(self, conn: asyncssh.SSHClientConnection) -> None:
+        for remote, local in list(self._forwards.items()):
+            with contextlib.suppress(asyncssh.Error, OSError):
+                self._listeners_fw[remote] = await conn.forward_local_port("127.0.0.1", local, "127.0.0.1", remote)
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+__all__ = ["HostKeyChanged", "HostKeyUnknown", "SshHost", "TrustRequest", "add_known_host"]

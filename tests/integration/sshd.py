@@ -1,0 +1,182 @@
+"""A real OpenSSH sshd on loopback for the SSH tests (research/style.md §4.8), and helpers around it.
+
+One sshd per test session: throwaway host and user keys, a free port, `-f /dev/null` with -o options,
+UsePAM=no, StrictModes=no. As root it logs in a non-root user `tdtest` (created with useradd, password set to
+'*' so sshd does not call it locked) and lets that user traverse to this venv's python; as another user it
+logs in that same user. Skipped when /usr/sbin/sshd is absent. Import the fixtures into a test module:
+`from tests.integration.sshd import sshd, ssh_tmp  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SSHD = Path("/usr/sbin/sshd")
+TEST_USER = "tdtest"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    """A running sshd: where it listens, who logs in, and the files a client needs."""
+
+    port: int
+    user: str
+    pid: int
+    folder: Path
+    client_key: Path
+    known_hosts: Path  # trusts this sshd's host key
+    host_line: str  # the known_hosts line for it
+
+    @property
+    def spec(self) -> str:
+        return f"ssh://{self.user}@127.0.0.1:{self.port}"
+
+    def options(self, known_hosts: Path | None = None) -> dict[str, Any]:
+        """asyncssh.connect options for tests: this key, these known_hosts, no ~/.ssh/config, no agent."""
+        return {
+            "known_hosts": str(known_hosts or self.known_hosts),
+            "client_keys": [str(self.client_key)],
+            "config": None,
+            "agent_path": None,
+        }
+
+    def make_home(self, home: Path, *, trusted: bool = True) -> Path:
+        """A $HOME whose ~/.ssh holds the client key (and, when trusted, the known_hosts line): for CLI runs."""
+        ssh_dir = home / ".ssh"
+        ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.copy(self.client_key, ssh_dir / "id_ed25519")
+        (ssh_dir / "id_ed25519").chmod(0o600)
+        if trusted:
+            (ssh_dir / "known_hosts").write_text(self.host_line + "\n")
+        return home
+
+    def connection_pids(self) -> list[int]:
+        """The per-connection sshd processes (children of the listener and their sshd children)."""
+        found: list[int] = []
+        parents = {self.pid}
+        for _ in range(3):
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                name = stat[stat.find("(") + 1 : stat.rfind(")")]
+                ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+                pid = int(entry.name)
+                if ppid in parents and name.startswith("sshd") and pid not in found:
+                    found.append(pid)
+            parents |= set(found)
+        return found
+
+    def drop_connections(self) -> int:
+        """SIGKILL every per-connection sshd: clients see their connection die; their commands get EOF."""
+        pids = self.connection_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return (path.with_suffix(".pub")).read_text().strip()
+
+
+def _prepare_user() -> str:
+    if os.geteuid() != 0:
+        return getpass.getuser()
+    if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", TEST_USER], check=True, capture_output=True)
+    subprocess.run(["usermod", "-p", "*", TEST_USER], check=True, capture_output=True)
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    probe = [sys.executable, "-c", "import aiohttp, app.sim.sglang"]
+    if subprocess.run(["runuser", "-u", TEST_USER, "--", *probe], capture_output=True, cwd="/").returncode != 0:
+        # Let the test user reach this venv's python (e.g. a pyenv under /root): traverse only, no listing.
+        for folder in [*Path(os.path.realpath(sys.executable)).parents, *Path(sys.prefix).parents]:
+            if folder.stat().st_mode & 0o001:
+                continue
+            if shutil.which("setfacl"):
+                subprocess.run(["setfacl", "-m", f"u:{TEST_USER}:x", str(folder)], check=True)
+            else:
+                folder.chmod(folder.stat().st_mode | 0o001)
+    return TEST_USER
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[Sshd]:
+    """One sshd for the test session (skips when OpenSSH's server is not installed)."""
+    if not SSHD.exists() or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    user = _prepare_user()
+    folder = Path(tempfile.mkdtemp(prefix="tunedash-sshd-"))
+    folder.chmod(0o755)
+    host_pub = _keygen(folder / "host_key")
+    client_pub = _keygen(folder / "client_key")
+    authorized = folder / "authorized_keys"
+    authorized.write_text(client_pub + "\n")
+    authorized.chmod(0o644)
+    port = _free_port()
+    known_hosts = folder / "known_hosts"
+    host_line = f"[127.0.0.1]:{port} {' '.join(host_pub.split()[:2])}"
+    known_hosts.write_text(host_line + "\n")
+    options = {
+        "HostKey": folder / "host_key", "Port": port, "ListenAddress": "127.0.0.1", "AuthorizedKeysFile": authorized,
+        "StrictModes": "no", "UsePAM": "no", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
+        "PidFile": folder / "sshd.pid", "MaxSessions": 30, "MaxStartups": "100", "LogLevel": "ERROR",
+        "AllowUsers": user, "PermitUserEnvironment": "no",
+    }
+    argv = [str(SSHD), "-D", "-e", "-f", "/dev/null"] + [x for k, v in options.items() for x in ("-o", f"{k}={v}")]
+    log = (folder / "sshd.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+    server = Sshd(port, user, proc.pid, folder, folder / "client_key", known_hosts, host_line)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited: {(folder / 'sshd.log').read_text()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as sock:
+                if sock.recv(4).startswith(b"SSH-"):
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail("sshd did not answer within 10 s")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.drop_connections()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def ssh_tmp() -> Iterator[Path]:
+    """A scratch folder both this process and the SSH test user can read and write."""
+    folder = Path(tempfile.mkdtemp(prefix="tunedash-ssh-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
