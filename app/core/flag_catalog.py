@@ -15,7 +15,8 @@ research notes do not cover; its versions are "".
 Kinds: bool (store_true; False renders as nothing, or as `--no-NAME` when `negatable`), int, float,
 choice (value must be one of `choices`), str (free text; `choices`, when given, are only suggestions),
 json (a JSON object: a TOML inline table, rendered as compact JSON), ints (a list of ints, one argv item
-each, stored as a space-separated string).
+each, stored as a space-separated string), free (the `custom` backend's free-form flags: any name, a
+bool, number or string, rendered as --NAME VALUE; see app.core.flags).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Literal
 FlagValue = bool | int | float | str | dict[str, Any]
 """A flag's value in a profile. JSON-kind flags hold a dict."""
 
-FlagKind = Literal["bool", "int", "float", "choice", "str", "json", "ints"]
+FlagKind = Literal["bool", "int", "float", "choice", "str", "json", "ints", "free"]
 
 
 @dataclass(frozen=True)

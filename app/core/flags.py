@@ -25,6 +25,12 @@ vLLM
 - `g` "graphs": cycles compilation-config.cudagraph_mode through NONE, PIECEWISE, FULL, FULL_DECODE_ONLY,
   FULL_AND_PIECEWISE (the V1 default, assumed when unset). --enforce-eager overrides it.
 
+Custom (backend = "custom": any command, app.core.profile)
+- No catalog and no toggles. Flags are free-form: any name is accepted (written as in the profile, leading
+  dashes dropped, no alias or typo matching), its value is a boolean, a number or a string (checked for
+  type only), and it renders as `--name value` after the profile's `command`, in the profile's order:
+  true as `--name`, false as nothing. A server whose flags look otherwise keeps them in `command`.
+
 A flag's value in a flags dict: bool | int | float | str | dict (JSON kinds). A bool flag that is off is
 absent from the dict (True or absent), except for negatable flags, where False means "--no-NAME".
 A dotted name "speculative-config.num_speculative_tokens" addresses one key of a JSON flag.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -43,6 +50,7 @@ from app.core.flag_catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagKind, FlagSpec, 
 
 __all__ = [
     "BACKENDS",
+    "CUSTOM",
     "FlagError",
     "FlagKind",
     "FlagSpec",
@@ -55,6 +63,7 @@ __all__ = [
     "default_toggles",
     "flip",
     "format_value",
+    "free_flag",
     "get_flag",
     "lookup_flag",
     "parse_value",
@@ -66,7 +75,8 @@ __all__ = [
     "unknown_flag_message",
 ]
 
-BACKENDS = ("sglang", "vllm")
+BACKENDS = ("sglang", "vllm", "custom")
+CUSTOM = "custom"
 ToggleKind = Literal["cycle", "flip", "set"]
 
 
@@ -76,7 +86,7 @@ class FlagError(ValueError):
 
 @cache
 def _tables(backend: str) -> tuple[dict[str, FlagSpec], dict[str, str]]:
-    rows = {"sglang": SGLANG_FLAGS, "vllm": VLLM_FLAGS}.get(backend)
+    rows = {"sglang": SGLANG_FLAGS, "vllm": VLLM_FLAGS, CUSTOM: ()}.get(backend)
     if rows is None:
         raise FlagError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
     specs = {spec.name: spec for spec in rows}
@@ -85,20 +95,30 @@ def _tables(backend: str) -> tuple[dict[str, FlagSpec], dict[str, str]]:
 
 
 def catalog(backend: str) -> dict[str, FlagSpec]:
-    """Every known flag of `backend` ("sglang" or "vllm") by full name, in a stable display order."""
+    """Every known flag of `backend` ("sglang" or "vllm") by full name, in a stable display order ("custom": none)."""
     return dict(_tables(backend)[0])
 
 
 def lookup_flag(backend: str, name: str) -> FlagSpec | None:
-    """The spec for `name` (leading dashes, underscores and aliases accepted), or None."""
+    """The spec for `name` (leading dashes, underscores and aliases accepted), or None.
+
+    "custom" accepts any name: a free-form spec named as written (without leading dashes).
+    """
     specs, aliases = _tables(backend)
     bare = name.lstrip("-")
+    if backend == CUSTOM:
+        return free_flag(bare) if bare else None
     for candidate in (bare, bare.replace("_", "-")):
         if candidate in specs:
             return specs[candidate]
         if candidate in aliases:
             return specs[aliases[candidate]]
     return None
+
+
+def free_flag(name: str) -> FlagSpec:
+    """The spec of one free-form flag of the custom backend (module docstring)."""
+    return FlagSpec(name, "free", None, "free-form flag of a custom server")
 
 
 def closest_flag(backend: str, name: str) -> str | None:
@@ -154,6 +174,10 @@ def check_value(spec: FlagSpec, value: object) -> FlagValue:
         if isinstance(value, str):
             return value
         raise FlagError(f"expected a string, {got}")
+    if spec.kind == "free":
+        if isinstance(value, bool | int | float | str):
+            return value
+        raise FlagError(f"expected true/false, a number or a string (put anything else in `command`), {got}")
     if spec.kind == "json":
         if isinstance(value, dict):
             return dict(value)
@@ -204,7 +228,22 @@ def parse_value(spec: FlagSpec, text: str) -> FlagValue:
             raise FlagError(f"expected a number, got {text!r}") from None
     if spec.kind == "json":
         return _json_object(text)
+    if spec.kind == "free":
+        return _free_value(text)
     return check_value(spec, text)
+
+
+def _free_value(text: str) -> FlagValue:
+    """A free-form flag's value from text: true/false, an integer, a number, else the text itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_json_scalar(text: str) -> Any:
@@ -221,6 +260,8 @@ def render_flag(spec: FlagSpec, value: FlagValue) -> list[str]:
         if value is True:
             return [f"--{spec.name}"]
         return [f"--no-{spec.name}"] if spec.negatable else []
+    if spec.kind == "free" and isinstance(value, bool):
+        return [f"--{spec.name}"] if value else []
     if isinstance(value, dict):
         return [f"--{spec.name}", json.dumps(value, separators=(",", ":"))]
     if spec.kind == "ints":
@@ -392,6 +433,8 @@ def default_toggles(backend: str) -> tuple[Toggle, ...]:
                                         "FULL_AND_PIECEWISE")),
                    defaults=("FULL_AND_PIECEWISE",), help="CUDA graph mode inside --compilation-config"),
         )
+    if backend == CUSTOM:
+        return ()
     raise FlagError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
 
 
@@ -401,3 +444,24 @@ def toggle_for_flag(toggles: Sequence[Toggle], flag: str) -> Toggle | None:
         if flag in toggle.flags:
             return toggle
     return None
+
+
+# ---- what the installed server accepts (app.core.discovery reads it from the server's --help) ----------
+
+
+def spec_accepted(spec: FlagSpec, accepted: AbstractSet[str] | None) -> bool | None:
+    """Whether a server whose --help lists `accepted` (names without dashes) takes `spec`; None = unknown."""
+    if accepted is None:
+        return None
+    return any(name in accepted for name in (spec.name, *spec.aliases))
+
+
+def offered_catalog(backend: str, accepted: AbstractSet[str] | None) -> dict[str, FlagSpec]:
+    """The catalog without the flags the installed server rejects (all of it when `accepted` is None)."""
+    return {name: spec for name, spec in catalog(backend).items() if spec_accepted(spec, accepted) is not False}
+
+
+def rejected_flags(backend: str, flags: Mapping[str, FlagValue], accepted: AbstractSet[str] | None) -> list[str]:
+    """The names in `flags` that the installed server would reject at argument parsing (none when unknown)."""
+    specs = catalog(backend)
+    return [name for name in flags if name in specs and spec_accepted(specs[name], accepted) is False]

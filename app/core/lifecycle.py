@@ -6,6 +6,11 @@ move through LAUNCHING -> LOADING -> CAPTURING -> WARMING -> READY, watches the 
 death before READY is CRASHED (with the fatal event and the last log lines), kills by process group
 (SIGTERM, grace period, SIGKILL) and confirms the GPUs free (FREE, or STUCK with the holders).
 Listeners receive LifecycleEvents; nothing here knows about a UI.
+
+A custom profile (backend = "custom") is READY when its ready_regex matches a log line; with only a
+health_url, when that URL first answers 200 (polled every HEALTH_POLL_S while starting). A profile with no
+GPUs (gpus = []) skips the GPU checks: launch does not read the GPUs, confirm-free is FREE at once. A
+profile with no port (custom, port unset) skips the port check.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from app.core import jobs
 from app.core.freecheck import FreeCheck, FreeVerdict, Holder, learn_baseline
-from app.core.hosts.base import Host
+from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
 from app.core.logwatch import LogParser
 from app.core.model import (
     DecodeStats,
@@ -33,8 +38,8 @@ from app.core.model import (
     ReadyEvent,
     ServerState,
 )
-from app.core.probes import check_health
-from app.core.profile import Profile, launch_argv, launch_env
+from app.core.probes import check_url
+from app.core.profile import Profile, health_url, launch_argv, launch_env
 from app.core.telemetry import SmiTelemetry, Telemetry
 
 LIVE_STATES = {
@@ -46,6 +51,7 @@ LIVE_STATES = {
 }
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
 RELEASE_POLL_MS = 50  # SmiTelemetry.stream samples no faster than every 50 ms
+HEALTH_POLL_S = 0.25  # a custom profile's health_url, while it starts
 # Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed").
 FATAL_RANK = {"child_failed": 0, "error": 1, "traceback": 2, "port_in_use": 3, "oom": 3}
 
@@ -77,7 +83,8 @@ class FreeProgress:
     elapsed_s: float
 
 
-LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress
+# ConnectionChanged (app.core.hosts.base): a remote host's connection was lost / is back / failed.
+LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged
 
 
 class LaunchRefused(Exception):
@@ -124,6 +131,7 @@ class ServerLifecycle:
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
+        host.subscribe_connection(self._on_connection)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -175,6 +183,25 @@ class ServerLifecycle:
             times["load"] = round(marks["WARMING"] - marks["LOADING"], 3)
         return times
 
+    # ---- connection (remote hosts) ---------------------------------------------------------------
+    def _on_connection(self, event: ConnectionChanged) -> None:
+        """Pass the change on, log it, and after a reconnect re-attach to the job from its record."""
+        self._emit(event)
+        level = {"connected": "info", "lost": "warning", "reconnecting": "warning"}.get(event.state, "error")
+        self._say(event.detail, level)
+        if event.state == "connected" and event.since is not None:
+            self._spawn(self._reattach_after_reconnect())
+
+    async def _reattach_after_reconnect(self) -> None:
+        """The record may have changed while we were away (someone relaunched): follow whatever it names now."""
+        if self.state in (ServerState.KILLING, ServerState.RELEASING):
+            return
+        with contextlib.suppress(HostError):
+            record = await jobs.load_job(self.host, self.profile.name)
+            same = record is not None and self.record is not None and record.pgid == self.record.pgid
+            if record is not None and (not same or self._watch_task is None or self._watch_task.done()):
+                await self.attach()
+
     # ---- attach ----------------------------------------------------------------------------------
     async def attach(self) -> bool:
         """Re-attach to this profile's recorded job. True when it is alive and now watched."""
@@ -203,12 +230,14 @@ class ServerLifecycle:
                 "use `tunedash relaunch` or `tunedash kill` first",
                 2,
             )
-        if await self.host.port_in_use(profile.port):
+        if profile.port and await self.host.port_in_use(profile.port):
             raise LaunchRefused(
                 f"port {profile.port} on {self.host.name} is already in use by another process; stop it or "
                 f"set another `port` in {profile.source}",
                 4,
             )
+        if not profile.gpus:
+            return {}
         snapshot = await self.telemetry.sample()
         if snapshot.error is not None:
             raise LaunchRefused(
@@ -295,15 +324,20 @@ class ServerLifecycle:
         self._watch_task = asyncio.create_task(self._watch(record), name=f"watch {record.profile}")
 
     async def _watch(self, record: jobs.JobRecord) -> None:
-        parser = LogParser(record.backend)
+        parser = LogParser(record.backend, ready_regex=self.profile.ready_regex or None)
         follower = asyncio.create_task(self._follow_log(record, parser))
+        if self.profile.health_url and not self.profile.ready_regex:
+            self._spawn(self._poll_health_ready(record, follower))
         try:
             while True:
                 await asyncio.sleep(self.liveness_period_s)
                 if self.state in (ServerState.KILLING, ServerState.RELEASING):
                     continue
-                if not await jobs.job_members(self.host, record):
-                    break
+                try:
+                    if not await jobs.job_members(self.host, record):
+                        break
+                except HostError:  # a remote host out of reach says nothing about the server: keep watching
+                    continue
             # The group is gone on its own: give the log a moment to deliver its last lines.
             await asyncio.sleep(0.3)
             follower.cancel()
@@ -337,19 +371,7 @@ class ServerLifecycle:
         if isinstance(event, PhaseEvent):
             self._advance(event)
         elif isinstance(event, ReadyEvent):
-            if self.state in STARTING_STATES and self._attached_times is not None:
-                self._set_state(ServerState.READY)
-            elif self.state in STARTING_STATES:
-                self._set_state(ServerState.READY)
-                times = self.phase_times
-                if "ready" in times:
-                    self._say(f"ready after {times['ready']:.1f} s")
-                else:
-                    self._say("ready")
-                record.outcome = "ready"
-                record.ready_at = time.time()
-                record.phase_times = times
-                self._spawn(self._confirm_health(record))
+            self._became_ready(record)
         elif isinstance(event, Notice):
             self.notices.append(event)
             self._say(event.text, "warning")
@@ -372,11 +394,42 @@ class ServerLifecycle:
         elif self.state == ServerState.LAUNCHING and event.phase in (Phase.INIT, Phase.WEIGHTS, Phase.KV_CACHE):
             self._set_state(ServerState.LOADING)
 
+    def _became_ready(self, record: jobs.JobRecord, *, confirm: bool = True) -> None:
+        if self.state in STARTING_STATES and self._attached_times is not None:
+            self._set_state(ServerState.READY)
+        elif self.state in STARTING_STATES:
+            self._set_state(ServerState.READY)
+            times = self.phase_times
+            if "ready" in times:
+                self._say(f"ready after {times['ready']:.1f} s")
+            else:
+                self._say("ready")
+            record.outcome = "ready"
+            record.ready_at = time.time()
+            record.phase_times = times
+            self._spawn(self._confirm_health(record) if confirm else jobs.save_job(self.host, record))
+
+    async def _poll_health_ready(self, record: jobs.JobRecord, follower: asyncio.Task[None]) -> None:
+        """A custom profile with only a health_url: READY when the URL first answers 200."""
+        url = await reach_url(self.host, health_url(self.profile))
+        while self.state in STARTING_STATES and not follower.done():
+            health = await check_url(url, timeout_s=1.0)
+            if health.ok and self.state in STARTING_STATES:
+                self.health_ok = True
+                self._say(f"{url} answered 200")
+                self._became_ready(record, confirm=False)
+                return
+            await asyncio.sleep(HEALTH_POLL_S)
+
     async def _confirm_health(self, record: jobs.JobRecord) -> None:
-        health = await check_health(f"http://127.0.0.1:{record.port}")
-        self.health_ok = health.ok
-        if not health.ok:
-            self._say(f"/health did not confirm ready: {health.status or health.error}", "warning")
+        url = health_url(self.profile)
+        if url:
+            with contextlib.suppress(HostError):
+                url = await reach_url(self.host, url)
+            health = await check_url(url)
+            self.health_ok = health.ok
+            if not health.ok:
+                self._say(f"{url} did not confirm ready: {health.status or health.error}", "warning")
         with contextlib.suppress(Exception):
             await jobs.save_job(self.host, record)
 
@@ -426,6 +479,12 @@ class ServerLifecycle:
     async def confirm_free(self, record: jobs.JobRecord | None = None, timeout_s: float | None = None) -> FreeVerdict:
         """Poll the GPUs until free on two consecutive samples (FREE) or the timeout (STUCK)."""
         timeout = self.free_timeout_s if timeout_s is None else timeout_s
+        if not self.profile.gpus:
+            self._set_state(ServerState.RELEASING)
+            self.holders = ()
+            self._set_state(ServerState.FREE)
+            self._say("no GPUs in the profile: nothing to confirm")
+            return FreeVerdict(True, True, {}, ())
         baseline = {int(k): v for k, v in (record.baseline_mib if record else {}).items()}
         started = time.monotonic()
         check = FreeCheck(tuple(self.profile.gpus), baseline, not_before=started)

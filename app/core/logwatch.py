@@ -2,7 +2,7 @@
 
 Public API
 ----------
-- ``LogParser(backend=None, context_lines=30)``: incremental parser. ``feed(line) -> list[LogEvent]``
+- ``LogParser(backend=None, context_lines=30, ready_regex=None)``: incremental parser. ``feed(line) -> list[LogEvent]``
   takes one line (a chunk holding several newline-separated lines is split); ``flush() -> list[LogEvent]``
   at end of stream returns a traceback still being collected; ``backend`` is "sglang", "vllm" or None until
   detected; ``lines`` counts the lines fed (LogLine.number is 1-based).
@@ -36,6 +36,10 @@ Readiness rules
   the line's own, or the last one seen before it (uvicorn lines carry none).
 - A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version``: per-launch
   state (ready seen, once-only phases) resets, so a log holding several launches yields one ready each.
+
+- ``ready_regex`` (a profile's, any backend): a line whose cleaned text it matches (``re.search``) is a
+  ready line too. Backend "custom" (a server we do not know) has only that: no SGLang/vLLM phases, ready
+  lines or throughput lines are read, while fatal lines, tracebacks and notices are detected as for any log.
 
 Ranks
 -----
@@ -93,6 +97,7 @@ __all__ = [
     "summary_to_json",
 ]
 
+CUSTOM = "custom"  # a server we do not know: fatal detection and a profile's ready_regex only
 MAX_TRACEBACK_LINES = 400
 CONTEXT_LINES = 30
 
@@ -211,10 +216,13 @@ def _is_exception_line(body: str) -> bool:
 class LogParser:
     """Turns SGLang or vLLM log lines into LogEvents, one line at a time (see the module docstring)."""
 
-    def __init__(self, backend: str | None = None, context_lines: int = CONTEXT_LINES) -> None:
-        if backend is not None and backend not in lp.BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(lp.BACKENDS)}")
+    def __init__(
+        self, backend: str | None = None, context_lines: int = CONTEXT_LINES, ready_regex: str | None = None
+    ) -> None:
+        if backend is not None and backend not in (*lp.BACKENDS, CUSTOM):
+            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join((*lp.BACKENDS, CUSTOM))}")
         self._backend = backend
+        self._ready_regex = re.compile(ready_regex) if ready_regex else None
         self._number = 0
         self._ring: deque[str] = deque(maxlen=max(context_lines, 1))
         self._traceback: _Traceback | None = None
@@ -300,7 +308,9 @@ class LogParser:
         phase = self._phase(message, parts, where)
         if phase is not None:
             events.append(phase)
-        ready = self._readiness(message, where)
+        ready = self._readiness(message, where) if self._backend != CUSTOM else None
+        if ready is None and self._ready_regex is not None and self._ready_regex.search(where.text):
+            ready = self._ready_once(where)
         if ready is not None:
             events.append(ready)
         if events or not parts.primary:
@@ -360,6 +370,8 @@ class LogParser:
     # --- throughput -----------------------------------------------------------------------------------
 
     def _stats(self, message: str, parts: _Parts, where: LogLine) -> DecodeStats | SpecDecodeStats | None:
+        if self._backend == CUSTOM:
+            return None
         if self._backend != lp.VLLM:
             decode = lp.SGLANG_DECODE.search(message)
             if decode:

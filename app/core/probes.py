@@ -26,10 +26,15 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 
 
 async def check_health(base_url: str, timeout_s: float = 2.0) -> Health:
+    return await check_url(f"{base_url}/health", timeout_s)
+
+
+async def check_url(url: str, timeout_s: float = 2.0) -> Health:
+    """GET any URL (a custom profile's health_url); ok when it answers 200."""
     try:
         async with (
             aiohttp.ClientSession(timeout=_timeout(timeout_s)) as session,
-            session.get(f"{base_url}/health") as response,
+            session.get(url) as response,
         ):
             return Health(response.status == 200, response.status)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -6,14 +6,15 @@ Profile TOML schema (every key; anything else is an error naming the file and th
     description str        one line shown in lists           default: ""
     host        str        "sim" | "local" | "ssh://[user@]host[:port]" | an ssh config alias
                                                              default: "local"
-    backend     str        "sglang" | "vllm"                 required
+    backend     str        "sglang" | "vllm" | "custom"      required
     python      str        interpreter on the host           default: "python3"; host "sim": this Python
     module      str        module run with `python -m`       default: host "sim" + sglang: app.sim.sglang;
                                                              sglang: sglang.launch_server;
                                                              vllm: vllm.entrypoints.openai.api_server
-    model       str        weights (HF id or folder)         required; rendered as --model-path (sglang)
-                                                             or --model (vllm)
-    port        int        server port                       default: 30000 (sglang), 8000 (vllm)
+    model       str        weights (HF id or folder)         required (custom: optional); rendered as
+                                                             --model-path (sglang) or --model (vllm)
+    port        int        server port                       default: 30000 (sglang), 8000 (vllm);
+                                                             custom: none (no port check, no probes)
     gpus        [int]      GPU indices the server uses       default: 0..tp-1 (tp-size/tensor-parallel-size)
     env         {str=str}  extra environment of the server   default: {}
     sim_state   str        state folder of the simulated host (relative: to the profile's folder)
@@ -33,6 +34,21 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                 `g = false` removes a built-in toggle.
     [bench]     concurrency (4), requests (32), input_len (512), output_len (256), warmup (2 requests),
                 trials (3), endpoint ("completions" | "chat", "completions"), seed (0)
+
+backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as scripts/gpu_hog.py):
+
+    command     [str]      the argv to run, required     {port}, {model}, {python} (the profile's python)
+                                                         and {profile_dir} (the profile file's folder) are
+                                                         substituted in each item; other {names} are errors
+    ready_regex str        a regex searched in each log line; the first match is READY
+    health_url  str        an http(s) URL ({port} substituted) polled until it answers 200
+                           At least one of the two. Both: the log line is READY, the URL confirms it (like
+                           /health for SGLang). Only health_url: READY when it first answers 200.
+    module is an error; model and port are optional (then {model}/{port} cannot be used). There is no flag
+    catalog and no toggle: [flags] are free-form (app.core.flags: any name, a bool/number/string value,
+    rendered as --name value after the command, in the file's order; false renders nothing), and
+    `--set name=value` adds or changes one. The log keeps the generic fatal detection (tracebacks, OOM,
+    "address already in use"); SGLang/vLLM phases and throughput lines are not read.
 """
 
 from __future__ import annotations
@@ -49,12 +65,14 @@ import platformdirs
 
 import app
 from app.core.flags import (
+    CUSTOM,
     FlagError,
     FlagSpec,
     FlagValue,
     Toggle,
     catalog,
     format_value,
+    free_flag,
     lookup_flag,
     parse_json_scalar,
     parse_value,
@@ -64,7 +82,14 @@ from app.core.flags import (
     toggle_for_flag,
     unknown_flag_message,
 )
-from app.core.profile_toml import DEFAULT_MODULES, DEFAULT_PORTS, ENDPOINTS, RESERVED_FLAGS, ProfileReader
+from app.core.profile_toml import (
+    DEFAULT_MODULES,
+    DEFAULT_PORTS,
+    ENDPOINTS,
+    PLACEHOLDER,
+    RESERVED_FLAGS,
+    ProfileReader,
+)
 from app.core.profile_types import BenchSettings, FlagChange, Profile, ProfileError
 
 __all__ = [
@@ -77,9 +102,11 @@ __all__ = [
     "Profile",
     "ProfileError",
     "apply_overrides",
+    "custom_argv",
     "describe_change",
     "find_profiles",
     "flag_diff",
+    "health_url",
     "launch_argv",
     "launch_env",
     "load_profile",
@@ -89,7 +116,7 @@ __all__ = [
     "resolve_profile",
 ]
 
-MODEL_FLAG = {"sglang": "model-path", "vllm": "model"}
+MODEL_FLAG = {"sglang": "model-path", "vllm": "model", "custom": "model"}
 
 
 # ---------------------------------------------------------------- loading
@@ -243,6 +270,8 @@ def launch_argv(profile: Profile) -> list[str]:
     with the same flags render the same argv: True booleans as "--flag", False ones not at all (or
     "--no-flag" for negatable vLLM flags), JSON flags as compact JSON.
     """
+    if profile.backend == CUSTOM:
+        return custom_argv(profile)
     argv = [profile.python, "-m", profile.module, f"--{MODEL_FLAG[profile.backend]}", profile.model,
             "--port", str(profile.port)]
     specs = catalog(profile.backend)
@@ -253,6 +282,28 @@ def launch_argv(profile: Profile) -> list[str]:
         if name in profile.flags:
             argv += render_flag(spec, profile.flags[name])
     return argv
+
+
+def substitute(template: str, profile: Profile) -> str:
+    """One custom-profile template item with {port}, {model}, {python} and {profile_dir} filled in."""
+    values = {"port": str(profile.port), "model": profile.model, "python": profile.python,
+              "profile_dir": str(profile.source.parent.resolve())}
+    return PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
+
+
+def custom_argv(profile: Profile) -> list[str]:
+    """A custom profile's argv: its command with placeholders filled, then its free-form flags in order."""
+    argv = [substitute(item, profile) for item in profile.command]
+    for name, value in profile.flags.items():
+        argv += render_flag(free_flag(name), value)
+    return argv
+
+
+def health_url(profile: Profile) -> str:
+    """The URL that confirms the server ready: a custom profile's health_url, else http://127.0.0.1:PORT/health."""
+    if profile.backend == CUSTOM:
+        return substitute(profile.health_url, profile) if profile.health_url else ""
+    return f"http://127.0.0.1:{profile.port}/health"
 
 
 def launch_env(profile: Profile) -> dict[str, str]:

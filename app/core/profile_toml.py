@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 from app.core.flags import (
     BACKENDS,
+    CUSTOM,
     FlagError,
     FlagSpec,
     FlagValue,
@@ -34,13 +36,17 @@ DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
 # Flags that are top-level profile keys instead.
 RESERVED_FLAGS = {"model-path": "model", "model": "model", "port": "port"}
 ENDPOINTS = ("completions", "chat")
+# The placeholders a custom profile's command (and health_url) may use; anything else in {braces} is an error.
+PLACEHOLDERS = ("port", "model", "python", "profile_dir")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+CUSTOM_KEYS = ("command", "ready_regex", "health_url")
 
 
 class ProfileReader:
     """Validates the parsed TOML of one file; every error names `source`."""
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
-                "sim_state", "flags", "toggles", "bench")
+                "sim_state", "flags", "toggles", "bench", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -65,23 +71,28 @@ class ProfileReader:
 
     def read(self, data: dict[str, Any]) -> Profile:
         self.unknown_keys(data, self.TOP_KEYS, "")
-        for key in ("backend", "model"):
-            if key not in data:
-                raise self.fail(key, "missing; every profile needs backend and model")
+        if "backend" not in data:
+            raise self.fail("backend", "missing; every profile needs backend and model")
         backend = self.typed(data, "backend", str)
         if backend not in BACKENDS:
             raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        if "model" not in data and backend != CUSTOM:
+            raise self.fail("model", "missing; every profile needs backend and model")
         got = {key: self.typed(data, key, kind) for key, kind in _TOP_TYPES.items() if key in data}
         host = self.host(got.get("host", "local"))
         flags = self.flags(got.get("flags", {}), backend)
-        module = got.get("module") or _default_module(host, backend)
-        if not module:
+        custom = self.custom(got, backend)
+        module = "" if backend == CUSTOM else got.get("module") or _default_module(host, backend)
+        if not module and backend != CUSTOM:
             raise self.fail("module", "the simulated host only runs sglang; use backend = \"sglang\" or set "
                             "module to a simulator module")
-        port = got.get("port", DEFAULT_PORTS[backend])
-        if not 0 < port < 65536:
+        port = got.get("port", DEFAULT_PORTS.get(backend, 0))
+        if not 0 < port < 65536 and (backend != CUSTOM or "port" in got):
             raise self.fail("port", f"expected 1-65535, got {port}")
         python = got.get("python") or (sys.executable if host == "sim" else "python3")
+        model = got.get("model", "")
+        if host in ("local", "sim"):  # paths on this machine: ${VAR}, ${VAR:-default} and ~ expanded
+            python, model = self.expand_local("python", python), self.expand_local("model", model)
         sim_state = got.get("sim_state")
         return Profile(
             name=got.get("name", self.source.stem),
@@ -89,7 +100,7 @@ class ProfileReader:
             host=host,
             backend=backend,
             python=python,
-            model=got["model"],
+            model=model,
             port=port,
             gpus=self.gpus(got["gpus"]) if "gpus" in got else _default_gpus(flags),
             env=self.env(got.get("env", {})),
@@ -99,7 +110,65 @@ class ProfileReader:
             module=module,
             sim_state=self.sim_state(sim_state) if sim_state is not None else None,
             description=got.get("description", ""),
+            **custom,
         )
+
+    def custom(self, got: Mapping[str, Any], backend: str) -> dict[str, Any]:
+        """command, ready_regex and health_url of a custom profile (errors for the other backends)."""
+        if backend != CUSTOM:
+            for key in CUSTOM_KEYS:
+                if key in got:
+                    raise self.fail(key, f"only a backend = \"custom\" profile runs its own command; remove "
+                                    f"{key} or set backend = \"custom\"")
+            return {}
+        if "module" in got:
+            raise self.fail("module", "a custom profile runs `command`, not a module; remove module")
+        if "command" not in got:
+            raise self.fail("command", "missing; a custom profile needs command = [\"program\", \"arg\", ...] "
+                            "(an argv list; {port} and {model} are substituted)")
+        command = got["command"]
+        if not command:
+            raise self.fail("command", "empty; give the program and its arguments, e.g. [\"python3\", \"serve.py\"]")
+        for i, item in enumerate(command):
+            if not isinstance(item, str):
+                raise self.fail(f"command[{i}]", f"expected a string (quote it), got {_describe(item)}")
+        ready_regex = got.get("ready_regex", "")
+        health_url = got.get("health_url", "")
+        if not ready_regex and not health_url:
+            raise self.fail("ready_regex", "a custom profile needs a ready signal: ready_regex (a log line, e.g. "
+                            "\"listening on\") and/or health_url (e.g. \"http://127.0.0.1:{port}/health\")")
+        if ready_regex:
+            try:
+                re.compile(ready_regex)
+            except re.error as exc:
+                raise self.fail("ready_regex", f"not a valid regular expression: {exc}") from None
+        if health_url and not health_url.startswith(("http://", "https://")):
+            raise self.fail("health_url", f"expected an http:// or https:// URL, got {health_url!r}")
+        templates = [(f"command[{i}]", item) for i, item in enumerate(command)] + [("health_url", health_url)]
+        for where, text in templates:
+            for name in PLACEHOLDER.findall(text):
+                if name not in PLACEHOLDERS:
+                    raise self.fail(where, f"unknown placeholder {{{name}}}; only "
+                                    f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} are substituted")
+                if name in ("port", "model") and name not in got:
+                    raise self.fail(where, f"uses {{{name}}} but the profile sets no {name}; add {name} = ...")
+        return {"command": tuple(command), "ready_regex": ready_regex, "health_url": health_url}
+
+    def expand_local(self, key: str, text: str) -> str:
+        """`${VAR}` / `${VAR:-default}` from this process's environment, then a leading `~` (local hosts only:
+        on an SSH host the remote's home and environment would be meant, so nothing is expanded there)."""
+
+        def var(match: re.Match[str]) -> str:
+            value = os.environ.get(match[1])
+            if value:
+                return value
+            if match[2] is not None:
+                return match[2]
+            raise self.fail(key, f"the environment variable {match[1]} is not set; set it, or write "
+                            f"${{{match[1]}:-DEFAULT}} in the profile")
+
+        expanded = _ENV_VAR.sub(var, text)
+        return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
 
     def host(self, host: str) -> str:
         if host in ("sim", "local"):
@@ -258,9 +327,11 @@ class ProfileReader:
         return BenchSettings(**values)
 
 
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
                                "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
-                               "flags": dict, "toggles": dict, "bench": dict}
+                               "flags": dict, "toggles": dict, "bench": dict, "command": list,
+                               "ready_regex": str, "health_url": str}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}
 
 

@@ -45,6 +45,10 @@ class Profile:
     module: str = ""
     sim_state: Path | None = None
     description: str = ""
+    # backend = "custom" only (app.core.profile's docstring): the argv template and the ready signal.
+    command: tuple[str, ...] = ()
+    ready_regex: str = ""
+    health_url: str = ""
 
     def toggle(self, key: str) -> Toggle | None:
         """The toggle bound to `key`, if any."""

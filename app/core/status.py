@@ -49,7 +49,7 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
         return StatusReport(profile, host.name, ServerState.STOPPED, None)
     members = await jobs.job_members(host, record)
     text = await host.read_text(record.log_path) or ""
-    parser = LogParser(record.backend)
+    parser = LogParser(record.backend, ready_regex=profile.ready_regex or None)
     events: list[Any] = []
     for line in text.splitlines():
         events.extend(parser.feed(line))
