@@ -261,7 +261,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from app.tui.app import create_app
 
     profile = _load(args)
-    app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False))
+    app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False),
+                     take_over=getattr(args, "take_over", False))
     app.run()
     return EXIT_OK
 
@@ -292,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile")
     p.add_argument("--readonly", action="store_true", help="watch only: no key signals or launches")
     p.add_argument("--probe", action="store_true", help="start with the probe load on")
+    p.add_argument("--take-over", action="store_true",
+                   help="drive a server someone else drives (their dashboard turns read-only)")
     with_overrides(p)
     p.set_defaults(func=cmd_ui)
 
@@ -346,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", help="list the profiles tunedash finds")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
+    from app.cli_ssh import register as register_ssh  # `trust` (SSH host keys)
+
+    register_ssh(sub)
     return parser
 
 

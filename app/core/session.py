@@ -16,8 +16,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.core import driver, jobs
 from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
-from app.core.hosts.base import Host
+from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.lifecycle import (
     ActionLogged,
     LaunchRefused,
@@ -58,8 +59,11 @@ class Session:
         sample_period_ms: int = 250,
         probe: bool = False,
         autolaunch: bool = False,
+        take_over: bool = False,
     ) -> None:
         self.host = host
+        self.take_over = take_over  # drive a server someone else drives (app.core.driver)
+        self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
         self.readonly = readonly
@@ -94,6 +98,8 @@ class Session:
     def _on_lifecycle(self, event: LifecycleEvent) -> None:
         if isinstance(event, ActionLogged):
             self.events.append(event)
+        elif isinstance(event, ConnectionChanged):
+            self.connection = event
         elif isinstance(event, StateChanged):
             self._on_state(event.state)
         elif isinstance(event, ServerLogEvent):
@@ -133,10 +139,30 @@ class Session:
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
             self._follow_server_log(record.log_path)
+            await self._settle_driver(record)
         elif self.autolaunch:
             self._note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
         self.changed.set()
+
+    async def _settle_driver(self, record: jobs.JobRecord) -> None:
+        """Read-only when someone else drives (unless taking over); watch for someone taking over from us."""
+        me = jobs.who_am_i()
+        with contextlib.suppress(HostError):
+            verdict = await driver.settle_driver(
+                self.host, record, me, take_over=self.take_over and not self.readonly, profile=self.profile.name
+            )
+            self.readonly = self.readonly or verdict.readonly
+            if verdict.message:
+                self._note(verdict.message, verdict.level)
+        if not self.readonly:
+            self._spawn(driver.watch_driver(self.host, self.profile.name, me, self._driver_taken))
+
+    def _driver_taken(self, record: jobs.JobRecord) -> None:
+        self.readonly = True
+        if self.lifecycle.record is not None:  # so our own record writes keep the new driver
+            self.lifecycle.record.driver, self.lifecycle.record.driver_since = record.driver, record.driver_since
+        self._note(driver.taken_message(record), "warning")
 
     async def stop(self) -> None:
         """Stop watching and sampling. The server keeps running."""
@@ -166,7 +192,7 @@ class Session:
                 self.log_lines.append(line)
 
     async def _read_version(self) -> None:
-        info = await server_info(f"http://127.0.0.1:{self.profile.port}", self.profile.backend)
+        info = await server_info(await self.host.http_base(self.profile.port), self.profile.backend)
         if info:
             version = info.get("version")
             self.server_version = str(version) if version is not None else None
@@ -194,8 +220,11 @@ class Session:
             if self.lifecycle.state == ServerState.READY:
                 self._note(f"probe request failed: {message}", "warning")
 
-        base = f"http://127.0.0.1:{self.profile.port}"
-        self._probe_task = asyncio.create_task(probe_loop(base, self.profile.model, on_point, on_error))
+        async def probe() -> None:
+            base = await self.host.http_base(self.profile.port)  # a remote host forwards a local port
+            await probe_loop(base, self.profile.model, on_point, on_error)
+
+        self._probe_task = asyncio.create_task(probe())
 
     def _stop_probe(self) -> None:
         if self._probe_task is not None:

@@ -288,6 +288,7 @@ def create_app(
     readonly: bool = False,
     probe: bool = False,
     autolaunch: bool = False,
+    take_over: bool = False,
     host: Host | None = None,
     session: Session | None = None,
     keymap_file: Path | None = KEYMAP_FILE,
@@ -298,5 +299,9 @@ def create_app(
             from app.connect import host_for
 
             host = host_for(profile)
-        session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch)
-    return TunedashApp(session, keymap_file=keymap_file)
+        session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch, take_over=take_over)
+    app = TunedashApp(session, keymap_file=keymap_file)
+    from app.tui.trust import install_trust_prompt  # an unknown SSH host key: ask in a ConfirmModal
+
+    install_trust_prompt(app, session.host)
+    return app

@@ -136,3 +136,16 @@ class Host(abc.ABC):
 
     def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:  # noqa: B027
         """Let a UI decide on an unknown host key (remote hosts only). `prompt(request)` gets a TrustRequest."""
+
+
+async def reach_url(host: Host, url: str) -> str:
+    """`url` as this machine reaches it: http://127.0.0.1:PORT/... (or localhost) on a remote host goes
+    through the host's forward (Host.http_base); any other URL is returned unchanged."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+        return url
+    base = await host.http_base(parts.port)
+    rest = url[len(f"{parts.scheme}://{parts.netloc}") :]
+    return base + rest

@@ -104,9 +104,9 @@ class SshHost(Host):
     def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:
         self._trust_prompt = prompt
 
-    def _emit(self, state: str, detail: str) -> None:
+    def _emit(self, state: str, detail: str, since: float | None = None) -> None:
         self.state = state
-        event = ConnectionChanged(self.name, state, detail, time.time(), self._lost_at)
+        event = ConnectionChanged(self.name, state, detail, time.time(), since)
         for listener in list(self._listeners):
             listener(event)
 
@@ -183,7 +183,8 @@ class SshHost(Host):
             self._listeners_fw.clear()
             self._lost_at = time.time()
             delay = self._backoff_s[0]
-            self._emit("lost", f"connection to {self.name} lost; reconnecting in {delay:.0f} s")
+            lost_at = self._lost_at
+            self._emit("lost", f"connection to {self.name} lost; reconnecting in {delay:.0f} s", lost_at)
             while not self._closing:
                 self._next_try_at = time.monotonic() + delay
                 await asyncio.sleep(delay)
@@ -191,16 +192,17 @@ class SshHost(Host):
                     conn = await self._open()
                 except (HostKeyChanged, HostKeyUnknown, PermissionError) as exc:
                     self._failed = exc if isinstance(exc, HostError) else HostError(str(exc))
-                    self._emit("failed", str(exc))
+                    self._emit("failed", str(exc), lost_at)
                     self._connected.set()  # wake waiters so they see the failure
                     return
                 except HostError as exc:
                     delay = min(delay * 2, self._backoff_s[1])
-                    self._emit("reconnecting", f"{exc}; next try in {delay:.0f} s")
+                    self._emit("reconnecting", f"{exc}; next try in {delay:.0f} s", lost_at)
                     continue
                 self._adopt(conn)
                 await self._restore_forwards(conn)
-                self._emit("connected", f"reconnected to {self.name}")
+                away = time.time() - (lost_at or time.time())
+                self._emit("connected", f"reconnected to {self.name} after {away:.1f} s", lost_at)
                 break
 
     async def wait_connected(self) -> None:

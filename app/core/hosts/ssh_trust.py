@@ -7,6 +7,7 @@ from the one known_hosts holds for that host is "changed" and is always refused.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +117,13 @@ async def inspect_host_key(target: SshTarget, kwargs: dict[str, Any]) -> TrustRe
     options = asyncssh.SSHClientConnectionOptions(host=target.host, **kwargs)
     host = options.host_key_alias or options.host
     port = int(options.port or 22)
-    passthrough = {key: kwargs[key] for key in ("config", "connect_timeout") if key in kwargs}
+    passthrough = {key: kwargs[key] for key in ("config",) if key in kwargs}
+    timeout = float(kwargs.get("connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S)
     try:
         tunnel: Any = options.tunnel or ()
-        key = await asyncssh.get_server_host_key(options.host, port, tunnel=tunnel, **passthrough)
+        key = await asyncio.wait_for(
+            asyncssh.get_server_host_key(options.host, port, tunnel=tunnel, **passthrough), timeout
+        )
     except (OSError, asyncssh.Error, TimeoutError) as exc:
         raise HostError(f"{target.spec}: cannot reach {host}:{port} to read its host key ({exc})") from exc
     if key is None:

@@ -1,0 +1,138 @@
+"""The headless commands against the simulated host behind a real sshd: launch, ready, status (a fresh CLI
+re-attaches), relaunch, kill, confirm free; flag values reach the server verbatim; host-key refusal and trust."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.sim.host_env import reset_state
+from tests.integration.conftest import REPO, free_port
+from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+EVIL = "x; rm -rf ~ $(touch {marker}) `touch {marker}`"
+
+
+def open_to_all(folder: Path) -> None:
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            Path(root, name).chmod(0o777)
+    folder.chmod(0o777)
+
+
+@pytest.fixture
+def ssh_profile(sshd: Sshd, ssh_tmp: Path) -> Iterator[Callable[..., Path]]:  # noqa: F811
+    """A demo-like profile whose host is ssh://tdtest@127.0.0.1:PORT and whose sim state the test user can use."""
+    state = ssh_tmp / "sim"
+    reset_state(state)
+    open_to_all(state)
+
+    def make(name: str = "remote", steps: int = 1) -> Path:
+        path = ssh_tmp / f"{name}.toml"
+        path.write_text(
+            f'name = "{name}"\nhost = "{sshd.spec}"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\n'
+            f'python = "{sys.executable}"\nmodule = "app.sim.sglang"\n'
+            f'port = {free_port()}\ngpus = [0, 1]\nsim_state = "{state}"\n'
+            'env = { TUNEDASH_SIM_STARTUP_S = "0.5" }\n'
+            "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
+            f"speculative-num-steps = {steps}\nspeculative-eagle-topk = 1\n"
+            f"speculative-num-draft-tokens = {steps + 1}\ndecode-log-interval = 40\n"
+        )
+        return path
+
+    yield make
+    for record in (state / "host" / "jobs").glob("*.json"):
+        import json
+
+        try:
+            os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError, KeyError):
+            pass
+
+
+def cli(home: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """The real CLI as a user runs it, with HOME holding ~/.ssh (key, known_hosts) and no ssh-agent."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID")}
+    env["HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+
+
+def server_pid(state_out: str) -> int:
+    line = next(x for x in state_out.splitlines() if x.strip().startswith("pid:"))
+    return int(line.split(":")[1])
+
+
+def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+    home = sshd.make_home(ssh_tmp / "home")
+    profile = str(ssh_profile())
+    marker = ssh_tmp / "pwned"
+    evil = EVIL.format(marker=marker)
+
+    launched = cli(home, "launch", profile, "--wait", "--timeout", "60", "--set", f"served-model-name={evil}")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "ready" in launched.stdout
+
+    status = cli(home, "status", profile)  # a fresh process re-attaches from the record on the host
+    assert status.returncode == 0, status.stderr
+    assert ": READY" in status.stdout or "ready" in status.stdout.lower()
+    pid = server_pid(status.stdout)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert evil.encode() in argv  # the value reached the server as one argument, byte for byte
+    assert not marker.exists()  # and no shell ran any part of it
+    assert Path(f"/proc/{pid}").stat().st_uid != 0 or os.geteuid() != 0  # it runs as the SSH user
+
+    relaunched = cli(home, "relaunch", profile, "--set", "speculative-num-steps=2", "--ready-timeout", "60")
+    assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
+    for phase in ("kill", "release", "ready"):
+        assert phase in relaunched.stdout
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+    killed = cli(home, "kill", profile, "--confirm-free", "--grace", "5")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "0 MiB" in killed.stdout
+    gpus = cli(home, "gpus", profile, "--json")
+    assert gpus.returncode == 0 and '"memory_used_mib": 0' in gpus.stdout
+
+
+def test_unknown_key_is_refused_until_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+    home = sshd.make_home(ssh_tmp / "home", trusted=False)
+    profile = str(ssh_profile())
+    refused = cli(home, "status", profile)
+    assert refused.returncode == 2
+    assert "SHA256:" in refused.stderr and f"tunedash trust {sshd.spec}" in refused.stderr
+    assert not (home / ".ssh" / "known_hosts").exists()
+
+    no_tty = cli(home, "trust", profile)  # no terminal and no --yes: nothing is written
+    assert no_tty.returncode == 2 and not (home / ".ssh" / "known_hosts").exists()
+
+    trusted = cli(home, "trust", profile, "--yes")
+    assert trusted.returncode == 0, trusted.stderr
+    assert "SHA256:" in trusted.stdout
+    assert sshd.host_line.split()[2] in (home / ".ssh" / "known_hosts").read_text()
+    assert cli(home, "status", profile).returncode == 0
+
+
+def test_changed_key_is_refused_and_never_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+    home = sshd.make_home(ssh_tmp / "home", trusted=False)
+    other = ssh_tmp / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known = home / ".ssh" / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
+    before = known.read_text()
+    profile = str(ssh_profile())
+
+    refused = cli(home, "status", profile)
+    assert refused.returncode == 2
+    assert "CHANGED" in refused.stderr and "ssh-keygen" in refused.stderr
+    trust = cli(home, "trust", profile, "--yes")
+    assert trust.returncode == 2 and "CHANGED" in trust.stderr
+    assert known.read_text() == before
