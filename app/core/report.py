@@ -1,0 +1,170 @@
+"""Reports of benchmark and A/B runs: the arms table as text or Markdown, CSV of trials, JSON, from live or stored data.
+
+The same function renders `tunedash ab` output and `tunedash export ID`, from the same JSON
+(app.core.experiment.result_json), so an export reproduces the table the run printed. Statistics are
+recomputed from the stored trial values, which is deterministic.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from typing import Any
+
+from app.core.experiment import result_json
+from app.core.profile import FlagChange, flag_diff
+from app.core.store import RunRow
+
+
+def run_json(run: RunRow) -> dict[str, Any]:
+    """A stored run as JSON: for "ab" the experiment JSON (arms, ratio, ratio_ci, verdict) plus context."""
+    arms = []
+    for arm in run.arms:
+        trials = [t for t in run.trials if t.arm_idx == arm.idx]
+        accept = [t.accept_len for t in trials if t.accept_len is not None]
+        errors = sum(int(t.summary.get("errors") or 0) for t in trials)
+        requests = sum(int(t.summary.get("requests") or 0) for t in trials)
+        tokens = sum(int(t.summary.get("output_tokens") or 0) for t in trials)
+        arms.append((arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens))
+    data = result_json(run.status, arms, run_id=run.id, note=run.note or "")
+    data.update(kind=run.kind, profile=run.profile, host=run.host, backend=run.backend, model=run.model,
+                started_at=run.started_at, finished_at=run.finished_at, params=run.params,
+                config_diff=[_change_json(c) for c in config_diff(run)],
+                launches=[{"arm": ln.arm_idx, "outcome": ln.outcome, "phase_times": ln.phase_times,
+                           "argv": ln.argv} for ln in run.launches])
+    if run.kind == "bench" and run.trials:
+        data["summary"] = run.trials[0].summary
+    return data
+
+
+def _change_json(change: FlagChange) -> dict[str, Any]:
+    return {"flag": change.flag, "a": change.old, "b": change.new}
+
+
+def config_diff(run: RunRow) -> list[FlagChange]:
+    """Flags that differ between the first arm and the second."""
+    if len(run.arms) < 2:
+        return []
+    return flag_diff(run.arms[0].flags, run.arms[1].flags)
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def arm_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Header + one row per arm: arm, config, trials, mean, stdev, 95% CI, B/A, accept, errors."""
+    rows = [["arm", "config", "n", "mean tok/s", "stdev", "95% CI", "vs A", "accept len", "errors"]]
+    comparisons = {c["arm"]: c for c in data.get("comparisons", [])}
+    for arm in data["arms"]:
+        ci = arm["ci95"]
+        comp = comparisons.get(arm["label"])
+        if comp and comp["ratio"] is not None:
+            rc = comp["ratio_ci"]
+            vs = f"{comp['ratio']:.3f}" + (f" ({rc[0]:.3f}-{rc[1]:.3f})" if rc else "")
+        else:
+            vs = "-"
+        rows.append([arm["label"], arm["overrides"] or "(profile)", str(arm["n"]), _fmt(arm["mean"]),
+                     _fmt(arm["stdev"], 2), "n/a" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}", vs,
+                     _fmt(arm["accept_len"], 2), f"{arm['errors']}/{arm['requests']}"])
+    return rows
+
+
+def text_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
+    return "\n".join(lines)
+
+
+def experiment_text(data: dict[str, Any]) -> str:
+    """The arms table and the verdict(s), for a terminal."""
+    out = [text_table(arm_rows(data))]
+    for comp in data.get("comparisons", []):
+        out.append(f"verdict: {comp['verdict']}")
+    if data.get("status") not in (None, "done"):
+        out.append(f"status: {data['status']}" + (f" ({data['note']})" if data.get("note") else ""))
+    return "\n".join(out)
+
+
+def run_markdown(run: RunRow) -> str:
+    """Ready to paste into a pull request: what changed, the table, the verdict, how it was measured."""
+    data = run_json(run)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at))
+    out = [f"### tunedash {run.kind} #{run.id}: {run.profile} ({run.backend}, {run.model}) on {run.host}, {when}", ""]
+    if run.kind == "ab":
+        diff = config_diff(run)
+        if diff:
+            out.append("Config diff (A -> B):")
+            out.append("")
+            out += [f"- `--{c.flag}`: `{c.old if c.old is not None else 'unset'}` -> "
+                    f"`{c.new if c.new is not None else 'unset'}`" for c in diff]
+            out.append("")
+        out.append(markdown_table(arm_rows(data)))
+        out.append("")
+        for comp in data.get("comparisons", []):
+            out.append(f"**Verdict:** {comp['verdict']}")
+        out.append("")
+    elif data.get("summary"):
+        s = data["summary"]
+        out.append(markdown_table(bench_rows(s)))
+        out.append("")
+    bench = run.params.get("bench", run.params)
+    out.append(f"Method: {run.params.get('trials', 1)} trial(s) per arm of {bench.get('requests')} requests at "
+               f"concurrency {bench.get('concurrency')}, input ~{bench.get('input_len')} tokens, "
+               f"{bench.get('max_tokens')} output tokens, {bench.get('warmup')} warm-up request(s) after each "
+               f"relaunch excluded; output tokens from the server's usage; 95% intervals by Student's t, B/A by "
+               f"the log-ratio delta method (Welch df)."
+               + (" Arms interleaved (A B B A)." if run.params.get("interleave") else ""))
+    if run.status != "done":
+        out.append("")
+        out.append(f"Status: {run.status}" + (f" ({run.note})" if run.note else ""))
+    return "\n".join(out) + "\n"
+
+
+def bench_rows(s: dict[str, Any]) -> list[list[str]]:
+    """A benchmark summary as a two-column table."""
+    def dist(name: str, key: str) -> list[str]:
+        d = s.get(key) or {}
+        return [name, " / ".join(_fmt(d.get(p)) for p in ("p50", "p90", "p99")) + " ms (p50/p90/p99)"]
+
+    return [
+        ["measure", "value"],
+        ["output tok/s", _fmt(s.get("output_tok_s"))],
+        ["per-stream decode tok/s", _fmt(s.get("stream_decode_tok_s"))],
+        ["requests ok / sent", f"{s.get('completed')}/{s.get('requests')}"],
+        ["output tokens (usage)", str(s.get("output_tokens"))],
+        dist("TTFT", "ttft_ms"), dist("TPOT", "tpot_ms"), dist("ITL", "itl_ms"), dist("end-to-end", "e2e_ms"),
+        ["accept len", _fmt(s.get("accept_len"), 2) + (f" ({src})" if (src := s.get("accept_source")) else "")],
+        ["wall", f"{_fmt(s.get('wall_s'), 2)} s"],
+    ]
+
+
+def run_csv(run: RunRow) -> str:
+    """One row per trial: run, arm, label, overrides, trial, tok/s, accept len, requests, errors, tokens."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["run", "arm", "label", "overrides", "trial", "output_tok_s", "accept_len", "requests",
+                     "errors", "output_tokens"])
+    labels = {a.idx: a for a in run.arms}
+    for t in run.trials:
+        arm = labels.get(t.arm_idx)
+        writer.writerow([run.id, t.arm_idx, arm.label if arm else "", arm.overrides if arm else "", t.trial_idx + 1,
+                         "" if t.value is None else round(t.value, 4),
+                         "" if t.accept_len is None else round(t.accept_len, 4),
+                         t.summary.get("requests"), t.summary.get("errors"), t.summary.get("output_tokens")])
+    return buf.getvalue()
+
+
+def export_run(run: RunRow, fmt: str) -> str:
+    if fmt == "md":
+        return run_markdown(run)
+    if fmt == "csv":
+        return run_csv(run)
+    return json.dumps(run_json(run), indent=2) + "\n"

@@ -1,0 +1,95 @@
+"""The history database: where it lives, WAL mode, round trips, and integrity after a SIGKILL mid-write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from app.core.loadgen import RequestResult
+from app.core.store import DATA_DIR_ENV, HistoryStore, StoreError, default_path
+
+
+def test_location_follows_the_env_var(tmp_path, monkeypatch):
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "d"))
+    assert default_path() == tmp_path / "d" / "history.sqlite3"
+    with HistoryStore() as store:
+        assert store.path.exists()
+        assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_unwritable_location_names_the_file_and_the_fix(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StoreError, match=DATA_DIR_ENV) as info:
+        HistoryStore(blocker / "sub" / "h.sqlite3")
+    assert str(blocker) in str(info.value)
+
+
+def test_round_trip_of_a_run(tmp_path):
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        rid = store.start_run("ab", profile="demo", host="sim", backend="sglang", model="m",
+                              params={"trials": 2}, arms=[("A", "x=1", {"x": 1}), ("B", "x=2", {"x": 2})])
+        store.add_launch(run_id=rid, arm_idx=0, profile="demo", host="sim", argv=["python", "-m", "s"],
+                         flags={"x": 1}, server_flags={"x": 1}, phase_times={"ready": 1.5}, outcome="ready")
+        reqs = [RequestResult(ok=True, output_tokens=16, ttft_s=0.1, latency_s=0.5),
+                RequestResult(ok=False, error="HTTP 500")]
+        store.add_trial(rid, 0, 0, value=50.0, summary={"requests": 2, "errors": 1}, accept_len=2.5,
+                        accept_source="log", requests=reqs)
+        store.add_trial(rid, 1, 0, value=None, summary={"requests": 2, "errors": 2}, accept_len=None,
+                        accept_source="none", requests=[])
+        assert store.runs()[0].status == "running" and store.runs()[0].trial_count == 2
+        store.finish_run(rid, "done", summary={"k": 1}, verdict="B is 1% faster")
+        run = store.run(rid)
+        assert run is not None and run.status == "done" and run.verdict == "B is 1% faster"
+        assert [a.label for a in run.arms] == ["A", "B"] and run.arms[1].flags == {"x": 2}
+        assert run.values(0) == [50.0] and run.values(1) == []
+        assert run.launches[0].phase_times == {"ready": 1.5} and run.launches[0].server_flags == {"x": 1}
+        rows = store.request_rows(rid)
+        assert [r["ok"] for r in rows] == [1, 0] and rows[1]["error"] == "HTTP 500"
+        assert round(rows[0]["tpot_s"], 6) == round(0.4 / 15, 6)
+        assert store.run(rid + 100) is None
+
+
+WRITER = """
+import sys, time
+from app.core.store import HistoryStore
+from app.core.loadgen import RequestResult
+store = HistoryStore()
+rid = store.start_run("ab", profile="p", host="h", backend="sglang", model="m", params={}, arms=[("A", "", {})])
+reqs = [RequestResult(ok=True, output_tokens=8, ttft_s=0.01, latency_s=0.1) for _ in range(200)]
+i = 0
+while True:
+    store.add_trial(rid, 0, i, value=float(i), summary={"i": i}, accept_len=None, accept_source="", requests=reqs)
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_mid_write_keeps_every_committed_trial_intact(tmp_path):
+    env = {**os.environ, DATA_DIR_ENV: str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", WRITER], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        printed = -1
+        deadline = time.monotonic() + 30
+        while printed < 20 and time.monotonic() < deadline:
+            printed = int(proc.stdout.readline())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with HistoryStore(tmp_path / "history.sqlite3") as store:
+        assert store.integrity_ok()
+        run = store.runs()[0]
+        assert run.status == "running"  # never finished: reads as interrupted
+        detail = store.run(run.id)
+        assert detail is not None
+        values = detail.values(0)
+        assert len(values) >= printed + 1  # everything reported as written is there
+        assert values == [float(i) for i in range(len(values))]
+        assert len(store.request_rows(run.id)) == 200 * len(values)  # no half-written trial
