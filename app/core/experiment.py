@@ -63,11 +63,6 @@ def parse_arm(profile: Profile, text: str, label: str) -> ArmSpec:
     return ArmSpec(label, arm_profile, text)
 
 
-def base_url(profile: Profile) -> str:
-    """Where the load generator reaches the profile's server (the lifecycle's own health check uses the same)."""
-    return f"http://127.0.0.1:{profile.port}"
-
-
 @dataclass(frozen=True)
 class ExperimentSpec:
     arms: list[ArmSpec]
@@ -271,7 +266,7 @@ class Experiment:
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
                 f"{'' if state != ServerState.CRASHED else ': ' + detail}); see the log "
                 f"{life.record.log_path if life.record else ''}".rstrip(), 4)
-        url = base_url(arm.profile)
+        url = await self.lifecycle.host.http_base(arm.profile.port)
         info = await server_info(url, arm.profile.backend)
         self._record_launch(arm_idx, arm.profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
@@ -297,7 +292,7 @@ class Experiment:
     async def _trial(self, arm_idx: int, trial_idx: int, done: int, total: int) -> None:
         arm = self.spec.arms[arm_idx]
         bench = replace(self.spec.bench, warmup=0)
-        url = base_url(arm.profile)
+        url = await self.lifecycle.host.http_base(arm.profile.port)
         meter = AcceptanceMeter(arm.profile.backend, url)
         await meter.start()
         self._meter = meter
