@@ -346,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON event per line")
     p.set_defaults(func=cmd_log)
 
+    # measuring commands (bench, ab, history, export): handlers in app/cli_bench.py
+    from app.cli_bench import register as register_bench_commands
+
+    register_bench_commands(sub, with_overrides)
+
     p = sub.add_parser("profiles", help="list the profiles tunedash finds")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
