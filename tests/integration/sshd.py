@@ -125,11 +125,13 @@ def _prepare_user() -> str:
     return TEST_USER
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Iterator[Sshd]:
-    """One sshd for the test session (skips when OpenSSH's server is not installed)."""
-    if not SSHD.exists() or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+def sshd_available() -> bool:
+    return SSHD.exists() and shutil.which("ssh-keygen") is not None
+
+
+@contextlib.contextmanager
+def running_sshd() -> Iterator[Sshd]:
+    """Start sshd on a free loopback port (and the test user); stop it and remove its files afterwards."""
     user = _prepare_user()
     folder = Path(tempfile.mkdtemp(prefix="tunedash-sshd-"))
     folder.chmod(0o755)
@@ -156,12 +158,12 @@ def sshd() -> Iterator[Sshd]:
         deadline = time.monotonic() + 10
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"sshd exited: {(folder / 'sshd.log').read_text()}")
+                raise RuntimeError(f"sshd exited: {(folder / 'sshd.log').read_text()}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as sock:
                 if sock.recv(4).startswith(b"SSH-"):
                     break
             if time.monotonic() > deadline:
-                pytest.fail("sshd did not answer within 10 s")
+                raise RuntimeError("sshd did not answer within 10 s")
             time.sleep(0.05)
         yield server
     finally:
@@ -171,6 +173,15 @@ def sshd() -> Iterator[Sshd]:
         proc.wait()
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[Sshd]:
+    """One sshd for the test session (skips when OpenSSH's server is not installed)."""
+    if not sshd_available():
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    with running_sshd() as server:
+        yield server
 
 
 @pytest.fixture
