@@ -201,6 +201,8 @@ VLLM_FLAGS: tuple[FlagSpec, ...] = (
     F("tensor-parallel-size", "int", 1, "Tensor-parallel size.", aliases=("tp",)),
     F("gpu-memory-utilization", "float", 0.92,
       "Fraction of total GPU memory for this instance (0.9 before 0.33; host RAM for KV on CPU)."),
+    F("kv-cache-memory-bytes", "str", None,
+      "KV cache size per device in bytes ('256M', '1G'); overrides gpu-memory-utilization (CPU: host RAM)."),
     F("swap-space", "float", None, "CPU swap space per GPU in GiB (unverified; gone in newer releases)."),
     F("kv-cache-dtype", "str", "auto", "KV cache dtype (unverified).", choices=("auto", "fp8", "fp8_e5m2",
                                                                                  "fp8_e4m3")),
