@@ -163,13 +163,17 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
     # vLLM (section 6, "Startup milestones")
     PhaseRow(
         VLLM,
-        re.compile(r"vLLM (?:API )?server version (?P<version>[^\s,]+)(?:, serving model (?P<model>\S+))?"),
+        # 0.32.0 prints no such line: its start banner is ASCII art ending in "█  version 0.32.0".
+        re.compile(r"(?:vLLM (?:API )?server version|[█▀▄] +version) (?P<version>[^\s,]+)"
+                   r"(?:, serving model (?P<model>\S+))?"),
         Phase.INIT,
         True,
         restart=True,
     ),
     PhaseRow(VLLM, re.compile(r"non-default args: "), Phase.INIT, True, once=True),
     PhaseRow(VLLM, re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds"), Phase.WEIGHTS, False),
+    # 0.32.0 with --load-format dummy: "Initializing model took 0.236178 seconds" (no "Loading weights").
+    PhaseRow(VLLM, re.compile(r"Initializing model took (?P<secs>[\d.]+) seconds"), Phase.WEIGHTS, False),
     PhaseRow(
         VLLM,
         re.compile(r"Model loading took (?P<mem_gib>[\d.]+) GiB(?: memory)? and (?P<secs>[\d.]+) seconds"),
@@ -181,6 +185,10 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         VLLM, re.compile(r"\b(?P<device>[A-Z]{2,4}) KV cache size: (?P<tokens>[\d,]+) tokens"), Phase.KV_CACHE, False
     ),
     PhaseRow(VLLM, re.compile(r"Capturing CUDA graphs"), Phase.CUDA_GRAPH, True, once=True),
+    # "Starting vLLM server on URL" comes before uvicorn binds the port (0.32.0: /health refused the connection
+    # right after it), so it only starts WARMUP; uvicorn's "Application startup complete." is the ready line.
+    PhaseRow(VLLM, re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on (?P<url>\S+)"), Phase.WARMUP, True,
+             once=True),
     PhaseRow(
         VLLM,
         re.compile(r"Graph capturing finished in (?P<secs>[\d.]+) secs?(?:, took (?P<mem_gib>[\d.]+) GiB)?"),
@@ -192,7 +200,6 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
 # --- ready ---------------------------------------------------------------------------------------------
 
 SGLANG_READY = re.compile(r"The server is fired up and ready to roll!")
-VLLM_READY = re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on (?P<url>\S+)")
 UVICORN_STARTUP = re.compile(r"Application startup complete\.")
 
 # --- throughput ----------------------------------------------------------------------------------------

