@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.cli_server import refuse_rejected_flags
+from app.cli_server import register as register_server_commands
 from app.connect import host_for
 from app.core import jobs
 from app.core.hosts.base import Host, HostError
@@ -130,6 +132,7 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
 async def cmd_launch(args: argparse.Namespace) -> int:
     profile = _load(args)
     host = host_for(profile)
+    await refuse_rejected_flags(profile, host)  # a flag the installed server rejects (app.core.discovery)
     lifecycle = _lifecycle(profile, host, args)
     try:
         record = await lifecycle.launch()
@@ -210,6 +213,7 @@ async def cmd_free(args: argparse.Namespace) -> int:
 async def cmd_relaunch(args: argparse.Namespace) -> int:
     profile = _load(args)
     host = host_for(profile)
+    await refuse_rejected_flags(profile, host)  # before the kill: a doomed relaunch keeps the server
     lifecycle = _lifecycle(profile, host, args)
     try:
         state = await lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout)
@@ -354,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", help="list the profiles tunedash finds")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
+
+    register_server_commands(sub)  # `flags`, `probe` (app/cli_server.py)
     from app.cli_ssh import register as register_ssh  # `trust` (SSH host keys)
 
     register_ssh(sub)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import driver, jobs
+from app.core.discovery import ServerFlags, discover_flags
 from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
 from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.lifecycle import (
@@ -28,9 +29,10 @@ from app.core.lifecycle import (
     StateChanged,
 )
 from app.core.loadgen import probe_loop
+from app.core.metrics import MetricsPoller, MetricsRate
 from app.core.model import DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats, ThroughputPoint
 from app.core.probes import server_info
-from app.core.profile import FlagChange, Profile, describe_change, flag_diff, launch_argv
+from app.core.profile import FlagChange, Profile, describe_change, flag_diff, launch_argv, launch_env
 from app.core.telemetry import Telemetry, telemetry_for
 
 
@@ -86,6 +88,11 @@ class Session:
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._command_task: asyncio.Task[None] | None = None
+        # /metrics and the installed server's flags (app.core.metrics, app.core.discovery)
+        self.metrics_period_s = 2.0
+        self.last_metrics: MetricsRate | None = None
+        self.server_flags: ServerFlags | None = None  # None until discovered
+        self._metrics_task: asyncio.Task[None] | None = None
         self._tail_task: asyncio.Task[None] | None = None
 
     # ---- wiring ----------------------------------------------------------------------------------
@@ -118,8 +125,10 @@ class Session:
             self._spawn(self._read_version())
             if self.probe_wanted:
                 self._start_probe()
+            self._start_metrics()
         elif state not in (ServerState.READY,):
             self._stop_probe()
+            self._stop_metrics()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -130,6 +139,7 @@ class Session:
     async def start(self) -> None:
         """Re-attach to a running server of this profile (its flags become the running ones) and sample."""
         self._telemetry_task = asyncio.create_task(self._sample_gpus())
+        self._spawn(self._discover_flags())
         record = None
         with contextlib.suppress(Exception):
             attached = await self.lifecycle.attach()
@@ -166,7 +176,7 @@ class Session:
 
     async def stop(self) -> None:
         """Stop watching and sampling. The server keeps running."""
-        for task in [self._telemetry_task, self._probe_task, self._command_task, *self._tasks]:
+        for task in [self._telemetry_task, self._probe_task, self._metrics_task, self._command_task, *self._tasks]:
             if task is not None:
                 task.cancel()
         await self.lifecycle.close()
@@ -230,6 +240,37 @@ class Session:
         if self._probe_task is not None:
             self._probe_task.cancel()
             self._probe_task = None
+
+    # ---- /metrics and the installed server's flags ----------------------------------------------
+    def _start_metrics(self) -> None:
+        """Poll /metrics while READY: generation tokens/s into the chart (source "metrics") and acceptance."""
+        if self._metrics_task is not None and not self._metrics_task.done():
+            return
+        async def poll() -> None:
+            poller = MetricsPoller(await self.host.http_base(self.profile.port), self.profile.backend,
+                                   period_s=self.metrics_period_s)
+            await poller.run(on_rate)
+
+        def on_rate(rate: MetricsRate) -> None:
+            self.last_metrics = rate
+            self.throughput.append(rate.point())  # an idle window is a real 0 tok/s
+            self.changed.set()
+
+        self._metrics_task = asyncio.create_task(poll())
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            self._metrics_task = None
+
+    async def _discover_flags(self) -> None:
+        """Which catalog flags the installed server accepts (the palette offers only those)."""
+        found = await discover_flags(self.host, self.profile.backend, self.profile.python, self.profile.module,
+                                     launch_env(self.profile))
+        self.server_flags = found
+        if found.known and found.version:
+            self.server_version = self.server_version or found.version
+        self.changed.set()
 
     # ---- pending flags ---------------------------------------------------------------------------
     @property
