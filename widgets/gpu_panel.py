@@ -186,12 +186,20 @@ class GpuRow(Widget):
         if self._age_args is not None:
             self.set_age(*self._age_args)
 
+    def _cells_mounted(self) -> bool:
+        """The cells live in a Horizontal whose children can mount after this row's Mount event (a show
+        then failed with NoMatches on MemoryBar); until they are there, show again after the next refresh."""
+        if self.query(MemoryBar):
+            return True
+        self.call_after_refresh(lambda: self.show(self._sample))
+        return False
+
     def show(self, sample: GpuSample) -> None:
         """Show a new sample, touching only the cells whose text changed."""
         self._sample = sample
         self.taken_at = sample.taken_at
         self.index = sample.index
-        if not self._composed:
+        if not self._composed or not self._cells_mounted():
             return
         for key, cell in gpu_cells(sample).items():
             if self._shown.get(key) == cell:
@@ -214,7 +222,7 @@ class GpuRow(Widget):
         stale = age > stale_after_s
         self.set_class(stale, "-stale")
         cell = CellText(f"stale {format_age(age)}" if stale else "", "no new sample" if stale else None)
-        if self._shown.get("age") != cell and self._composed:
+        if self._shown.get("age") != cell and self._composed and self.query(".gpu-age"):
             self._shown["age"] = cell
             static = self.query_one(".gpu-age", Static)
             static.update(cell.text)

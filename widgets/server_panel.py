@@ -70,14 +70,14 @@ def state_line(view: ServerView, now: float) -> str:
 
 def identity_line(view: ServerView) -> str:
     """pid/pgid, port, uptime, backend and version, model."""
-    uptime = NA if view.uptime_s is None else format_age(view.uptime_s)
     backend = " ".join(x for x in (view.backend, view.version) if x) or NA
-    parts = [
-        f"pid {_or_na(view.pid)}/{_or_na(view.pgid)}",
-        f"port {_or_na(view.port)}",
-        f"up {uptime}",
-        backend,
-    ]
+    if view.pid is None and view.pgid is None:
+        parts = ["no process"]  # stopped, free or crashed: nothing to show as pid/pgid or uptime
+    else:
+        parts = [f"pid {_or_na(view.pid)}/{_or_na(view.pgid)}"]
+        if view.uptime_s is not None:
+            parts.append(f"up {format_age(view.uptime_s)}")
+    parts += [f"port {_or_na(view.port)}", backend]
     if view.model:
         parts.append(view.model)
     return "  ".join(parts)
@@ -88,6 +88,16 @@ def phases_line(view: ServerView) -> str:
     if not view.phase_times:
         return ""
     return "last launch: " + " · ".join(f"{name} {secs:.1f}s" for name, secs in view.phase_times.items())
+
+
+NOTICE_CHARS = 60
+"""Notices are cut to their first sentence and at most this many characters (the event log has them whole)."""
+
+
+def short_notice(text: str, limit: int = NOTICE_CHARS) -> str:
+    """ "Overlap scheduler is disabled when spec v2 is off or ... You can set ..." -> its first sentence, cut."""
+    first = text.strip().split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
 
 
 def holders_text(holders: tuple[Holder, ...]) -> str:
@@ -159,7 +169,7 @@ class ServerPanel(Widget):
         self._set("identity", identity_line(view))
         self._set("phases", phases_line(view))
         notices = view.notices[-self.MAX_NOTICES :]
-        self._set("notices", "\n".join(f"! {n}" for n in notices))
+        self._set("notices", "\n".join(f"! {short_notice(n)}" for n in notices))
         crashed = view.state is ServerState.CRASHED
         self._set("fatal", (view.fatal or "exited before ready, no fatal line found") if crashed else "")
         self._set("lines", "\n".join(view.last_lines) if crashed else "")

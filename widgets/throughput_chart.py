@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from textual.color import Color
 from textual_plotext import PlotextPlot
@@ -71,6 +72,39 @@ def _ticks(top: float, count: int = 5) -> tuple[list[float], list[str]]:
     """
     values = [top * i / (count - 1) for i in range(count)]
     return values, [f"{v:g}" for v in values]
+
+
+MARKER_LABEL_CHARS = 28
+"""Relaunch labels longer than this are cut with an ellipsis."""
+LABEL_ROWS = (0.8, 0.68, 0.56)
+"""Heights (fractions of the y axis) that successive markers' labels cycle through, so neighbours do not overlap;
+below the legend (top left, three rows), which a label at the top covered."""
+
+
+def marker_label_places(
+    markers: Sequence[RelaunchMarker], start: float, end: float, column_s: float
+) -> list[tuple[float, float, Literal["left", "right"]]]:
+    """Where each marker's label goes: (x in seconds before `end`, height as a fraction of the y axis, alignment).
+
+    A label sits beside its line, one column away: left of it when it fits there (a fresh relaunch is at the
+    right edge, where a centred label was cut off), else right of it when it fits there, else on the side
+    with more room. `column_s` is the width of one plot column in seconds.
+    """
+    places: list[tuple[float, float, Literal["left", "right"]]] = []
+    for index, marker in enumerate(markers):
+        row = LABEL_ROWS[index % len(LABEL_ROWS)]
+        width_s = (len(short_label(marker.label)) + 1) * column_s
+        room_left, room_right = marker.at - start, end - marker.at
+        if room_left >= width_s or (room_right < width_s and room_left >= room_right):
+            places.append((marker.at - end - column_s, row, "right"))
+        else:
+            places.append((marker.at - end + column_s, row, "left"))
+    return places
+
+
+def short_label(label: str, limit: int = MARKER_LABEL_CHARS) -> str:
+    """The label, cut with an ellipsis past `limit` characters."""
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 class ThroughputChart(PlotextPlot):
@@ -208,8 +242,9 @@ class ThroughputChart(PlotextPlot):
                 label="accept len",
             )
         marker_colour = self._colour(MARKER_COLOUR)
-        for marker in self._markers:
-            if start <= marker.at <= end:
-                plt.vline(marker.at - end, marker_colour)
-                plt.text(marker.label, marker.at - end, self._y_top * 0.95, color=marker_colour)
+        visible = [m for m in self._markers if start <= m.at <= end]
+        column_s = self.window_s / buckets
+        for marker, (x, row, align) in zip(visible, marker_label_places(visible, start, end, column_s), strict=True):
+            plt.vline(marker.at - end, marker_colour)
+            plt.text(short_label(marker.label), x, self._y_top * row, color=marker_colour, alignment=align)
         self.refresh()

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import time
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import platformdirs
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from app.core.flags import toggle_value
@@ -46,6 +50,16 @@ UI_PERIOD_S = 0.25
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
 
 
+@dataclass(frozen=True)
+class DashboardCommand:
+    """One dashboard command as the help screen and the command palette list it."""
+
+    key: str  # the key that runs it now (after keys.toml)
+    title: str
+    help: str
+    action: str  # a Textual action string, e.g. "relaunch" or "press_toggle('s')"
+
+
 class TunedashApp(App[None]):
     """The dashboard for one profile's server."""
 
@@ -73,6 +87,7 @@ class TunedashApp(App[None]):
         self._shown_events = 0
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
+        self._keymap: dict[str, str] = {}
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -108,12 +123,20 @@ class TunedashApp(App[None]):
             keys = data.get("keys", {})
             if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
                 raise ValueError("[keys] must map binding ids to key names")
-            self.set_keymap({str(k): str(v) for k, v in keys.items()})
+            self._keymap = {str(k): str(v) for k, v in keys.items()}
+            self.set_keymap(self._keymap)
         except (OSError, ValueError) as exc:
             self.notify(f"{self.keymap_file}: {exc}", title="key map ignored", severity="warning")
 
     # ---- pushing state to widgets ----------------------------------------------------------------
     def refresh_view(self) -> None:
+        """Push the Session's newest state to the widgets (the 4 Hz timer, and after a key)."""
+        try:
+            self._refresh_view()
+        except NoMatches:
+            pass  # a tick while the app shuts down, after the dashboard's widgets are gone
+
+    def _refresh_view(self) -> None:
         if self.screen is not self.screen_stack[0]:
             self._feed_log_screen()
             return
@@ -129,7 +152,7 @@ class TunedashApp(App[None]):
             chart = self.query_one(ThroughputChart)
             chart.update(list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers])
             chart.border_subtitle = (
-                _latest_figures(session.throughput, now_wall)
+                _latest_figures(session.throughput, now_wall, since=session.lifecycle.state_since)
                 if session.lifecycle.state == ServerState.READY
                 else ""
             )
@@ -240,12 +263,29 @@ class TunedashApp(App[None]):
         self._log_shown = len(self.session.log_lines)
         self.push_screen(self._log_screen)
 
+    def dashboard_commands(self) -> Iterator[DashboardCommand]:
+        """The profile's toggles, then every binding with an id (of this class and its bases), keys as remapped."""
+        for t in self.session.profile.toggles:
+            yield DashboardCommand(t.key, f"Toggle {t.label}", t.help or " ".join(t.flags), f"press_toggle('{t.key}')")
+        seen: set[str] = set()
+        for cls in type(self).__mro__:
+            for binding in cls.__dict__.get("BINDINGS", []):
+                if isinstance(binding, Binding) and binding.id and binding.id not in seen:
+                    seen.add(binding.id)
+                    key = self._keymap.get(binding.id, binding.key)
+                    yield DashboardCommand(key, binding.description, binding.tooltip or binding.description,
+                                           binding.action)
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        """Every dashboard command is also in the command palette (ctrl+p), after Textual's own."""
+        yield from super().get_system_commands(screen)
+        for command in self.dashboard_commands():
+            yield SystemCommand(f"{command.title} [{command.key}]", command.help,
+                                partial(self.run_action, command.action))
+
     def action_help(self) -> None:
-        keys = [(t.key, f"{t.label}: {t.help or ' '.join(t.flags)}") for t in self.session.profile.toggles]
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding):
-                keys.append((binding.key, binding.tooltip or binding.description))
-        keys.append(("ctrl+p", "command palette: set any flag of the backend's catalog"))
+        keys = [(c.key, f"{c.title}: {c.help}") for c in self.dashboard_commands()]
+        keys.append(("ctrl+p", "command palette: every command above, and any flag of the backend's catalog"))
         self.push_screen(HelpScreen(keys))
 
     def action_export_events(self) -> None:
@@ -259,12 +299,13 @@ class TunedashApp(App[None]):
         self.exit()
 
 
-def _latest_figures(points: Iterable[ThroughputPoint], now: float, window_s: float = 30.0) -> str:
-    """The newest tok/s per source (within the window) and the newest acceptance length, as text."""
+def _latest_figures(points: Iterable[ThroughputPoint], now: float, window_s: float = 30.0, since: float = 0.0) -> str:
+    """The newest tok/s per source (within the window, and since `since`: the server's READY time, so a
+    relaunch does not show the previous configuration's figures) and the newest acceptance length, as text."""
     latest: dict[str, float] = {}
     accept: float | None = None
     for point in points:
-        if now - point.at <= window_s:
+        if now - point.at <= window_s and point.at >= since:
             latest[point.source] = point.tokens_per_s
             if point.accept_len is not None:
                 accept = point.accept_len
