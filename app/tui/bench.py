@@ -1,0 +1,328 @@
+"""Dashboard keys for measuring: `b` benchmark, `B` mark baseline, `a` A/B pending vs baseline, `h` history.
+
+BenchKeys is an App base class that TunedashApp inherits (Textual merges BINDINGS only from DOMNode
+classes, so a plain mixin would lose them). It needs `self.session` (a core Session). Runs go through
+the same core objects as the CLI (loadgen.run_bench, experiment.Experiment, store.HistoryStore) in a
+worker; the screens only show progress and results. Escape on a running screen cancels the run; an A/B
+keeps the finished trials in the history (status "cancelled"). Screens: BenchScreen (progress, results
+table), ABScreen (progress through every relaunch, then the compare view: arms side by side with the
+verdict), HistoryScreen (browse past runs; enter opens the compare view of a run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
+from textual.worker import Worker, WorkerState
+
+from app.core.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
+from app.core.lifecycle import LifecycleEvent, ServerLogEvent
+from app.core.loadgen import AcceptanceMeter, BenchSpec, RequestResult, run_bench
+from app.core.model import ServerState
+from app.core.profile import Profile, describe_change, profile_diff
+from app.core.report import arm_rows, bench_rows, run_json
+from app.core.store import HistoryStore, StoreError
+
+if TYPE_CHECKING:
+    from app.core.session import Session
+
+
+def _table(table: DataTable[str], rows: list[list[str]]) -> None:
+    table.clear(columns=True)
+    table.add_columns(*rows[0])
+    for row in rows[1:]:
+        table.add_row(*row)
+
+
+class RunScreen(Screen[None]):
+    """Progress of a benchmark or an A/B, then its results. Escape cancels a running one, closes a done one."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Cancel/close", tooltip="Cancel the run (finished trials are kept) or close"),
+    ]
+    DEFAULT_CSS = """
+    RunScreen { layout: vertical; }
+    RunScreen #title { padding: 0 1; text-style: bold; }
+    RunScreen #verdict { padding: 0 1; color: $success; text-style: bold; }
+    RunScreen ProgressBar { padding: 0 1; }
+    RunScreen RichLog { height: 1fr; border: round $primary; }
+    RunScreen DataTable { height: auto; max-height: 16; }
+    """
+
+    def __init__(self, title: str, job: Callable[[RunScreen], Coroutine[Any, Any, None]]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.job = job
+        self.worker: Worker[Any] | None = None
+
+    def on_mount(self) -> None:
+        self.worker = self.run_worker(self.job(self), name="measure", exit_on_error=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker is self.worker and event.state == WorkerState.ERROR:
+            self.say(f"failed: {event.worker.error}")
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.title_text, id="title")
+            yield ProgressBar(id="progress", show_eta=False)
+            yield DataTable(id="results", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="verdict")
+            yield RichLog(id="steps", wrap=True, markup=False)
+        yield Footer()
+
+    def say(self, text: str) -> None:
+        self.query_one(RichLog).write(text)
+
+    def set_progress(self, done: float, total: float) -> None:
+        self.query_one(ProgressBar).update(total=max(total, 1), progress=done)
+
+    def show_table(self, rows: list[list[str]], verdict: str = "") -> None:
+        _table(self.query_one(DataTable), rows)
+        self.query_one("#verdict", Static).update(verdict)
+
+    def action_close(self) -> None:
+        if self.worker is not None and self.worker.is_running:
+            self.worker.cancel()
+            self.say("cancelling… (finished trials are kept)")
+            return
+        self.dismiss(None)
+
+
+class HistoryScreen(Screen[None]):
+    """Past runs, newest first; enter opens one run's table and verdict."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "close", "Close")]
+    DEFAULT_CSS = """
+    HistoryScreen DataTable { height: 1fr; }
+    HistoryScreen #detail-table { height: auto; max-height: 12; }
+    HistoryScreen #detail { padding: 0 1; height: auto; }
+    """
+
+    def __init__(self, store: HistoryStore) -> None:
+        super().__init__()
+        self.store = store
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"history: {self.store.path}", id="where")
+        yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="detail-table")
+        yield Static("", id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        rows = [["id", "kind", "profile", "status", "trials", "result"]]
+        for r in self.store.runs():
+            status = "interrupted" if r.status == "running" and r.finished_at is None else r.status
+            rows.append([str(r.id), r.kind, r.profile, status, str(r.trial_count), (r.verdict or "")[:80]])
+        table = self.query_one("#runs", DataTable)
+        _table(table, rows)
+        table.focus()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id != "runs":
+            return
+        row = event.data_table.get_row_at(event.cursor_row)
+        run = self.store.run(int(row[0]))
+        if run is None:
+            return
+        data = run_json(run)
+        detail = self.query_one("#detail-table", DataTable)
+        if run.kind == "ab":
+            _table(detail, arm_rows(data))
+            diff = ", ".join(f"--{c['flag']} {c['a']} -> {c['b']}" for c in data.get("config_diff", []))
+            self.query_one("#detail", Static).update(f"{data.get('verdict') or ''}\n{diff}")
+        else:
+            _table(detail, bench_rows(data.get("summary") or {}))
+            self.query_one("#detail", Static).update("")
+
+    def action_close(self) -> None:
+        self.store.close()
+        self.dismiss(None)
+
+
+class BenchKeys(App[None]):
+    """The measuring keys of the dashboard (TunedashApp inherits this class)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("b", "bench", "Bench", id="bench", tooltip="Benchmark the running server (the profile's [bench])"),
+        Binding("B", "mark_baseline", "Baseline", id="baseline", tooltip="Mark the running config as the baseline"),
+        Binding("a", "ab", "A/B", id="ab", tooltip="A/B: baseline (A) vs pending flags (B), relaunching each"),
+        Binding("h", "history", "History", id="history", tooltip="Past benchmarks and A/B runs"),
+    ]
+
+    session: Session
+    baseline: Profile | None = None
+
+    def _open_store(self) -> HistoryStore | None:
+        try:
+            return HistoryStore()
+        except StoreError as exc:
+            self.notify(str(exc), title="history unavailable", severity="error")
+            return None
+
+    def _server_ready(self, what: str) -> bool:
+        if self.session.lifecycle.state != ServerState.READY:
+            self.notify(f"{what} needs a ready server (now {self.session.lifecycle.state.value}); press r to launch",
+                        severity="warning")
+            return False
+        return True
+
+    # ---- b ---------------------------------------------------------------------------------------
+    def action_bench(self) -> None:
+        if self.session.busy or not self._server_ready("a benchmark"):
+            if self.session.busy:
+                self.notify(f"busy: {self.session.busy}", severity="warning")
+            return
+        profile = self.session.profile
+        spec = BenchSpec.from_settings(profile.bench)
+        self.push_screen(RunScreen(
+            f"benchmark {profile.name}: {spec.requests} requests at concurrency {spec.concurrency}, "
+            f"{spec.max_tokens} output tokens ({spec.warmup} warm-up)",
+            lambda screen: self._bench(screen, profile, spec)))
+
+    async def _bench(self, screen: RunScreen, profile: Profile, spec: BenchSpec) -> None:
+        session = self.session
+        base = await session.host.http_base(profile.port)
+        meter = AcceptanceMeter(profile.backend, base)
+
+        def feed(event: LifecycleEvent) -> None:
+            if isinstance(event, ServerLogEvent):
+                meter.feed(event.event)
+
+        session.subscribe(feed)
+        store = self._open_store()
+        run_id = None
+        if store is not None:
+            run_id = store.start_run("bench", profile=profile.name, host=profile.host, backend=profile.backend,
+                                     model=profile.model, params={"bench": spec.to_json(), "trials": 1},
+                                     arms=[("running", "", dict(profile.flags))])
+        done = 0
+
+        def on_result(_i: int, result: RequestResult) -> None:
+            nonlocal done
+            done += 1
+            screen.set_progress(done, spec.requests)
+
+        session.busy = "bench"
+        status = "cancelled"
+        summary: dict[str, Any] | None = None
+        try:
+            screen.say("warming up…")
+            await meter.start()
+            result = await run_bench(base, profile.model, spec, on_result=on_result,
+                                     on_warmup_done=lambda: screen.say("measuring…"))
+            accept, source = await meter.stop(result.summary.accept_len)
+            summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
+            if store is not None and run_id is not None:
+                store.add_trial(run_id, 0, 0, value=result.summary.output_tok_s, summary=summary, accept_len=accept,
+                                accept_source=source, requests=result.results)
+            status = "done"
+            screen.show_table(bench_rows(summary))
+            for warning in result.summary.warnings:
+                screen.say(f"warning: {warning}")
+            screen.say(f"saved as run #{run_id} (tunedash export {run_id} --format md); escape closes")
+        finally:
+            session.busy = None
+            _unsubscribe(session, feed)
+            if store is not None and run_id is not None:
+                store.finish_run(run_id, status, summary=summary)
+                store.close()
+
+    # ---- B ---------------------------------------------------------------------------------------
+    def action_mark_baseline(self) -> None:
+        if self.session.lifecycle.state != ServerState.READY:
+            self.notify("mark the baseline while the server runs (it is the running config)", severity="warning")
+            return
+        self.baseline = self.session.profile
+        self.notify("baseline = the running config; change flags, then press a to A/B against it", timeout=3)
+
+    # ---- a ---------------------------------------------------------------------------------------
+    def action_ab(self) -> None:
+        session = self.session
+        if session.readonly:
+            self.notify("read-only session: A/B relaunches the server, so it is disabled", severity="warning")
+            return
+        if session.busy:
+            self.notify(f"busy: {session.busy}", severity="warning")
+            return
+        if self.baseline is None:
+            self.notify("no baseline: press B on the running config first, then change flags and press a",
+                        severity="warning")
+            return
+        a_profile = self.baseline
+        b_profile = session.pending_profile
+        changes = profile_diff(a_profile, b_profile)
+        b_text = ", ".join(describe_change(c, a_profile.toggles) for c in changes) or "same flags (A/A)"
+        arms = [parse_arm(a_profile, "", "A"), parse_arm(b_profile, "", "B")]
+        arms = [replace_overrides(arms[0], "baseline"), replace_overrides(arms[1], b_text)]
+        bench = BenchSpec.from_settings(a_profile.bench)
+        spec = ExperimentSpec(arms, a_profile.bench.trials, bench)
+        self.push_screen(RunScreen(
+            f"A/B on {a_profile.name}: A = baseline, B = {b_text}; {spec.trials} trials of {bench.requests} requests",
+            lambda screen: self._ab(screen, spec)))
+
+    async def _ab(self, screen: RunScreen, spec: ExperimentSpec) -> None:
+        session = self.session
+        store = self._open_store()
+        total_requests = len(spec.schedule()) * spec.bench.requests
+
+        def on_progress(p: ExperimentProgress) -> None:
+            screen.set_progress(p.trials_done * spec.bench.requests + p.requests_done, total_requests)
+            if p.kind != "request":
+                screen.say(p.text)
+            if p.kind == "trial":
+                screen.show_table(arm_rows(experiment.result.to_json()))
+
+        def on_lifecycle(event: LifecycleEvent) -> None:
+            text = getattr(event, "text", None)
+            if text and not isinstance(event, ServerLogEvent):
+                screen.say(f"  {text}")
+
+        experiment = Experiment(spec, session.lifecycle, store, on_progress=on_progress)
+        session.subscribe(on_lifecycle)
+        session.busy = "A/B"
+        try:
+            await experiment.run()
+        except ExperimentFailed as exc:
+            screen.say(f"stopped: {exc}")
+        except asyncio.CancelledError:
+            screen.say("cancelled; the finished trials are kept in the history")
+            raise
+        finally:
+            session.busy = None
+            _unsubscribe(session, on_lifecycle)
+            last = spec.schedule()[-1][0] if experiment.result.status == "done" else None
+            if last is not None:
+                session.profile = spec.arms[last].profile
+            data = experiment.result.to_json()
+            screen.show_table(arm_rows(data), data.get("verdict") or "")
+            if store is not None:
+                screen.say(f"saved as run #{experiment.run_id} (tunedash export {experiment.run_id} --format md)")
+                store.close()
+
+    # ---- h ---------------------------------------------------------------------------------------
+    def action_history(self) -> None:
+        store = self._open_store()
+        if store is not None:
+            self.push_screen(HistoryScreen(store))
+
+
+def replace_overrides(arm: Any, text: str) -> Any:
+    """The arm with a label for people ("baseline", "steps 1 -> 3") instead of override text."""
+    from dataclasses import replace
+
+    return replace(arm, overrides=text)
+
+
+def _unsubscribe(session: Session, listener: Any) -> None:
+    listeners = getattr(session, "_listeners", None)
+    if isinstance(listeners, list) and listener in listeners:
+        listeners.remove(listener)

@@ -1,0 +1,107 @@
+"""Pilot test of the measuring keys on the simulated host: B marks the baseline, a runs the A/B with progress
+through both relaunches and shows the arms with a verdict, b benchmarks, h browses the history."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, RichLog, Static
+
+from app.core.model import ServerState
+from app.core.profile import Profile, load_profile
+from app.core.store import DATA_DIR_ENV, HistoryStore
+from app.sim.host_env import reset_state
+from app.tui.app import create_app
+from app.tui.bench import HistoryScreen, RunScreen
+
+os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Profile]:
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
+    state = tmp_path / "sim"
+    reset_state(state)
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'name = "t"\nhost = "sim"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\nport = {_free_port()}\n'
+        f'gpus = [0, 1]\nsim_state = "{state}"\nenv = {{ TUNEDASH_SIM_STARTUP_S = "0.3" }}\n'
+        "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
+        "speculative-num-steps = 1\nspeculative-eagle-topk = 1\nspeculative-num-draft-tokens = 2\n"
+        "decode-log-interval = 10\n"
+        "[bench]\nrequests = 3\nconcurrency = 3\ninput_len = 16\noutput_len = 24\nwarmup = 1\ntrials = 2\n"
+    )
+    yield load_profile(path)
+    jobs_dir = state / "host" / "jobs"
+    for record in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
+        try:
+            os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, KeyError, ValueError):
+            pass
+
+
+async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+def _log_text(screen: RunScreen) -> str:
+    return "\n".join(line.text for line in screen.query_one(RichLog).lines)
+
+
+async def test_baseline_ab_bench_and_history(profile: Profile, tmp_path: Path) -> None:
+    app = create_app(profile, autolaunch=True, keymap_file=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.session.lifecycle.state == ServerState.READY and app.session.busy is None,
+                    what="READY")
+        await pilot.press("a")  # no baseline yet: refused with a hint
+        assert not isinstance(app.screen, RunScreen)
+        await pilot.press("B", "s", "s")  # baseline = steps 1; pending steps 3
+        await pilot.press("a")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        await until(pilot, lambda: screen.worker is not None and screen.worker.is_finished, what="A/B done")
+        assert screen.worker is not None and screen.worker.error is None, screen.worker.error
+        await pilot.pause(0.2)
+        log = _log_text(screen)
+        assert log.count("relaunch with") == 2 and "SIGTERM" in log and "FREE" not in log.split("relaunch")[0]
+        table = screen.query_one(DataTable)
+        assert table.row_count == 2
+        assert [table.get_row_at(i)[0] for i in range(2)] == ["A", "B"]
+        verdict = str(screen.query_one("#verdict", Static).render())
+        assert verdict.startswith(("B is", "no difference"))
+        assert app.session.profile.flags["speculative-num-steps"] == 3  # B keeps running
+        await pilot.press("escape")
+
+        await pilot.press("b")
+        bench = app.screen
+        assert isinstance(bench, RunScreen)
+        await until(pilot, lambda: bench.worker is not None and bench.worker.is_finished, what="bench done")
+        assert bench.query_one(DataTable).get_row_at(0)[0] == "output tok/s"
+        await pilot.press("escape")
+
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+        runs = app.screen.query_one("#runs", DataTable)
+        assert runs.row_count == 2 and runs.get_row_at(1)[1] == "ab"
+        await pilot.press("escape")
+    with HistoryStore() as store:
+        ab = store.runs()[1]
+        assert ab.kind == "ab" and ab.status == "done" and ab.trial_count == 4
