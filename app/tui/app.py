@@ -28,6 +28,7 @@ from app.core.hosts.base import Host
 from app.core.model import ServerState, ThroughputPoint
 from app.core.profile import Profile
 from app.core.session import ReadOnlyError, Session
+from app.tui.bench import BenchKeys
 from app.tui.commands import FlagCommands
 from widgets import (
     ConfirmModal,
@@ -60,7 +61,7 @@ class DashboardCommand:
     action: str  # a Textual action string, e.g. "relaunch" or "press_toggle('s')"
 
 
-class TunedashApp(App[None]):
+class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/bench.py)
     """The dashboard for one profile's server."""
 
     CSS_PATH = "dashboard.tcss"
