@@ -67,6 +67,9 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
     CSS_PATH = "dashboard.tcss"
     TITLE = "tunedash"
     COMMANDS = App.COMMANDS | {FlagCommands}
+    VERTICAL_BREAKPOINTS = [(0, "-compact"), (32, "-roomy")]
+    """Under 32 rows the screen gets class -compact (dashboard.tcss gives the chart more room); Textual
+    re-applies it on every resize, including a tmux client of another size attaching."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "relaunch", "Relaunch", id="relaunch", tooltip="Apply pending flags: kill, free, launch, ready"),
@@ -111,9 +114,6 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self._load_keymap()
         self.run_worker(self.session.start(), name="session start", exit_on_error=False)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
-
-    def on_resize(self) -> None:
-        self.screen.set_class(self.size.height < 32, "-compact")
 
     def _load_keymap(self) -> None:
         """Remap keys from keys.toml: `[keys]` with binding id = key, e.g. relaunch = "R"."""
@@ -281,7 +281,8 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         """Every dashboard command is also in the command palette (ctrl+p), after Textual's own."""
         yield from super().get_system_commands(screen)
         for command in self.dashboard_commands():
-            yield SystemCommand(f"{command.title} [{command.key}]", command.help,
+            # "· key r", not "[r]": the palette reads square brackets as markup ([r] is a reverse style)
+            yield SystemCommand(f"{command.title} · key {command.key}", command.help,
                                 partial(self.run_action, command.action))
 
     def action_help(self) -> None:
