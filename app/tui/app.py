@@ -67,7 +67,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
     CSS_PATH = "dashboard.tcss"
     TITLE = "tunedash"
     COMMANDS = App.COMMANDS | {FlagCommands}
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-compact"), (32, "-roomy")]
+    VERTICAL_BREAKPOINTS = [(0, "-compact"), (32, "-roomy")]  # noqa: RUF012 - Textual declares it an instance variable
     """Under 32 rows the screen gets class -compact (dashboard.tcss gives the chart more room); Textual
     re-applies it on every resize, including a tmux client of another size attaching."""
 
