@@ -87,6 +87,43 @@ class FreeProgress:
 LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged
 
 
+class FreeWatch:
+    """Samples the GPUs in the background and feeds a FreeCheck; `confirmed` is set once they are free."""
+
+    def __init__(
+        self,
+        sampler: Telemetry,
+        check: FreeCheck,
+        progress: Callable[[FreeVerdict], None],
+        *,
+        close_sampler: bool,
+    ) -> None:
+        self.started = time.monotonic()
+        self.verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
+        self.confirmed = asyncio.Event()
+        self._sampler = sampler
+        self._check = check
+        self._progress = progress
+        self._close_sampler = close_sampler
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async with contextlib.aclosing(self._sampler.stream(RELEASE_POLL_MS)) as snapshots:
+            async for snapshot in snapshots:
+                self.verdict = self._check.feed(snapshot)
+                self._progress(self.verdict)
+                if self.verdict.confirmed:
+                    self.confirmed.set()
+                    return
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        if self._close_sampler:
+            await self._sampler.close()
+
+
 class LaunchRefused(Exception):
     """Launch did not start a server; the message says why and what to do."""
 
@@ -450,7 +487,15 @@ class ServerLifecycle:
         self._marks.pop("FREE", None)
         self._attached_times = None
         self._set_state(ServerState.KILLING)
-        signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
+        # Sample the GPUs from the signal on: the driver frees memory as the ranks exit, often before the
+        # whole group is gone, so FREE can follow the group's exit at once instead of starting to look then.
+        watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
+        try:
+            signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
+        except BaseException:
+            if watch is not None:
+                await watch.stop()
+            raise
         self._say(f"SIGTERM to group {record.pgid} ({len(signalled)} processes)")
         if not await self._wait_group_gone(record, self.grace_s):
             left = await jobs.signal_job(self.host, record, signal.SIGKILL)
@@ -466,7 +511,7 @@ class ServerLifecycle:
         if not confirm_free:
             self._set_state(ServerState.STOPPED)
             return None
-        return await self.confirm_free(record)
+        return await self.confirm_free(record, watch=watch)
 
     async def _wait_group_gone(self, record: jobs.JobRecord, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -476,7 +521,13 @@ class ServerLifecycle:
             await asyncio.sleep(0.05)
         return not await jobs.job_members(self.host, record)
 
-    async def confirm_free(self, record: jobs.JobRecord | None = None, timeout_s: float | None = None) -> FreeVerdict:
+    async def confirm_free(
+        self,
+        record: jobs.JobRecord | None = None,
+        timeout_s: float | None = None,
+        *,
+        watch: FreeWatch | None = None,
+    ) -> FreeVerdict:
         """Poll the GPUs until free on two consecutive samples (FREE) or the timeout (STUCK)."""
         timeout = self.free_timeout_s if timeout_s is None else timeout_s
         if not self.profile.gpus:
@@ -485,27 +536,17 @@ class ServerLifecycle:
             self._set_state(ServerState.FREE)
             self._say("no GPUs in the profile: nothing to confirm")
             return FreeVerdict(True, True, {}, ())
-        baseline = {int(k): v for k, v in (record.baseline_mib if record else {}).items()}
-        started = time.monotonic()
-        check = FreeCheck(tuple(self.profile.gpus), baseline, not_before=started)
+        if watch is None:
+            watch = self._watch_free(record)
         self._set_state(ServerState.RELEASING)
-        verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
-        sampler = self._release_telemetry()
         try:
-            async with asyncio.timeout(timeout):
-                async with contextlib.aclosing(sampler.stream(RELEASE_POLL_MS)) as snapshots:
-                    async for snapshot in snapshots:
-                        verdict = check.feed(snapshot)
-                        self.last_free = verdict
-                        self._emit(FreeProgress(verdict, time.monotonic() - started))
-                        if verdict.confirmed:
-                            break
+            await asyncio.wait_for(watch.confirmed.wait(), timeout)
         except TimeoutError:
             pass
         finally:
-            if sampler is not self.telemetry:
-                await sampler.close()
-        elapsed = time.monotonic() - started
+            await watch.stop()
+        verdict = watch.verdict
+        elapsed = time.monotonic() - watch.started
         used = ", ".join(
             f"GPU{gpu} {'?' if mib is None else mib} MiB" for gpu, mib in sorted(verdict.used_mib.items())
         )
@@ -519,6 +560,20 @@ class ServerLifecycle:
             detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
             self._say(f"GPUs still held after {elapsed:.1f} s: {detail}", "error")
         return verdict
+
+    def _watch_free(self, record: jobs.JobRecord | None) -> FreeWatch:
+        baseline = {int(k): v for k, v in (record.baseline_mib if record else {}).items()}
+        started = time.monotonic()
+        check = FreeCheck(tuple(self.profile.gpus), baseline, not_before=started)
+
+        def progress(verdict: FreeVerdict) -> None:
+            self.last_free = verdict
+            self._emit(FreeProgress(verdict, time.monotonic() - started))
+
+        return FreeWatch(self._release_telemetry(), check, progress, close_sampler=not self._shared_sampler())
+
+    def _shared_sampler(self) -> bool:
+        return not isinstance(self.telemetry, SmiTelemetry)
 
     def _release_telemetry(self) -> Telemetry:
         """A tight sampler for confirm-free: memory every 50 ms and a fresh process list as often."""
