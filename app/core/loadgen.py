@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from app.core.metrics import spec_decode_totals
 from app.core.model import DecodeStats, SpecDecodeStats, ThroughputPoint
 from app.core.probes import scrape_metrics
 from app.core.profile_types import BenchSettings
@@ -413,10 +414,6 @@ async def run_bench(
 
 
 # ---- acceptance length ---------------------------------------------------------------------------
-VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
-
-
 class AcceptanceMeter:
     """Acceptance length over one window (a run or a trial): feed() log events between start() and stop()."""
 
@@ -448,12 +445,9 @@ class AcceptanceMeter:
         self._open = False
         if self.backend == "vllm":
             after = await scrape_metrics(self.base_url)
-            before = self._before or {}
-            if after is not None and VLLM_DRAFTS in after and VLLM_DRAFTS in before:
-                drafts = after[VLLM_DRAFTS] - before[VLLM_DRAFTS]
-                accepted = after.get(VLLM_ACCEPTED, 0.0) - before.get(VLLM_ACCEPTED, 0.0)
-                if drafts > 0:
-                    return 1.0 + accepted / drafts, "metrics"
+            totals = spec_decode_totals(self._before, after, "vllm") if after and self._before else None
+            if totals is not None and totals.accept_len is not None:
+                return totals.accept_len, "metrics"
             if self._vllm_lens:
                 return statistics.fmean(self._vllm_lens), "log"
             return None, "no spec-decode counters in /metrics over the run"
