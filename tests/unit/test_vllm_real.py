@@ -204,3 +204,49 @@ def test_unset_variable_without_default_names_the_file_and_key(tmp_path: Path,
         parse_profile('backend = "vllm"\nmodel = "m"\npython = "${TD_NO_SUCH_VAR}/bin/python"\n', path)
     ssh = parse_profile('backend = "vllm"\nhost = "ssh://gpu1"\nmodel = "~/m"\n', path)
     assert ssh.model == "~/m"  # the remote's home, not ours
+
+
+# ---- the probe against a fast server -----------------------------------------------------------------
+async def test_probe_lengthens_requests_whose_answer_comes_in_a_burst() -> None:
+    """Real vLLM on CPU answers 96 tokens in ~0.3 s; a stall before the first chunk then gave 165,000 tok/s.
+    A burst (every chunk at once) is not plotted until the requests are as long as the probe allows."""
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from app.core.loadgen import probe_loop
+
+    asked: list[int] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        asked.append(int(body["max_tokens"]))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(body["max_tokens"] // 4):
+            await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': ' a b c d'}]})}\n\n".encode())
+        usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    points: list[float] = []
+    task = asyncio.create_task(probe_loop(f"http://127.0.0.1:{port}", "m", lambda p: points.append(p.tokens_per_s),
+                                          lambda e: None))
+    try:
+        for _ in range(200):
+            if points:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await runner.cleanup()
+    assert asked[:4] == [96, 192, 384, 768]
+    assert points  # at the longest request every answer counts
