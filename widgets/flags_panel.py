@@ -154,4 +154,6 @@ class FlagsPanel(Widget):
             for row in rows:
                 self._rows[row.flag].show(row)
         count = self.pending_count
-        self.border_subtitle = f"{count} pending · d: diff" if count else ""
+        subtitle = f"{count} pending · d: diff" if count else ""
+        if subtitle != (self.border_subtitle or ""):  # setting it refreshes the panel, even to the same text
+            self.border_subtitle = subtitle

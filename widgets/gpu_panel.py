@@ -206,26 +206,29 @@ class GpuRow(Widget):
                 continue
             self._shown[key] = cell
             static = self.query_one(f".gpu-{key}", Static)
-            static.update(cell.text)
+            static.update(cell.text, layout=False)  # fixed-size one-line cells: no layout pass
             static.tooltip = cell.tooltip
             static.set_class(cell.text == NA or cell.text.endswith(f": {NA}"), "-na")
         used, total = sample.memory_used_mib, sample.memory_total_mib
         fraction = used / total if used is not None and total else None
         bar = self.query_one(MemoryBar)
         bar.fraction = fraction
-        bar.tooltip = None if fraction is not None else self._shown["memory"].tooltip
+        tooltip = None if fraction is not None else self._shown["memory"].tooltip
+        if bar.tooltip != tooltip:
+            bar.tooltip = tooltip
 
     def set_age(self, now: float, stale_after_s: float) -> None:
         """Mark the row stale when its sample is older than `stale_after_s` at `now`."""
         self._age_args = (now, stale_after_s)
         age = now - self.taken_at
         stale = age > stale_after_s
-        self.set_class(stale, "-stale")
+        if self.has_class("-stale") != stale:
+            self.set_class(stale, "-stale")
         cell = CellText(f"stale {format_age(age)}" if stale else "", "no new sample" if stale else None)
         if self._shown.get("age") != cell and self._composed and self.query(".gpu-age"):
             self._shown["age"] = cell
             static = self.query_one(".gpu-age", Static)
-            static.update(cell.text)
+            static.update(cell.text, layout=False)  # fixed-size one-line cells: no layout pass
             static.tooltip = cell.tooltip
 
     def on_click(self, event: Click) -> None:
@@ -293,6 +296,10 @@ class GpuPanel(Widget):
             else:
                 for sample in samples:
                     self._rows[sample.uuid].show(sample)
+        self.set_ages(now, period_s)
+
+    def set_ages(self, now: float, period_s: float = 1.0) -> None:
+        """Only re-mark stale rows (call this at the UI rate when no new snapshot came)."""
         for row in self._rows.values():
             row.set_age(now, 2 * period_s)
 

@@ -182,10 +182,18 @@ class ServerPanel(Widget):
             self._set("state", state_line(self._view, now))
 
     def _set(self, block: str, text: str) -> None:
-        if self._texts.get(block) == text:
+        old = self._texts.get(block)
+        if old == text:
             return
         self._texts[block] = text
         static = self.query_one(f".server-{block}", Static)
-        static.update(text)
+        # A layout pass only when the block's height changes: the time in state and the uptime change every tick
+        # (tenths of a second under a minute) and a layout per tick was most of the idle dashboard's CPU.
+        width = static.content_region.width
+        static.update(text, layout=width <= 0)
+        if width > 0 and static.get_content_height(static.container_size, self.app.size, width) != (
+            static.content_region.height
+        ):
+            static.refresh(layout=True)
         if block != "state":
             static.set_class(not text, "-empty")

@@ -3,6 +3,13 @@
 A PlotextPlot subclass that draws on its own figure (never the global plotext module). New data only
 marks the chart dirty; a timer replots at most every `min_interval_s` (0.5 s) and only when something
 changed and the chart is on screen. Points are averaged into about one bucket per plot column.
+
+Drawing is cached: PlotextPlot.render rebuilds the whole figure and re-parses its ANSI text on every
+refresh (about 30 ms for a 60x20 chart), and Textual refreshes a widget for reasons other than new data
+(a border title set, a layout pass). `render()` returns the Text built at the last replot unless the size or
+the theme changed since, and `render_line()` keeps the lines made from it (turning plotext's thousands of
+styled spans into strips costs as much again), so only a replot pays; a new border subtitle (the app's
+latest figures, once a second) only redraws the border.
 """
 
 from __future__ import annotations
@@ -12,7 +19,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from rich.text import Text
+from textual.app import RenderResult
 from textual.color import Color
+from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
 from app.core.model import ThroughputPoint
@@ -146,6 +156,10 @@ class ThroughputChart(PlotextPlot):
         self._accept_top = 0.0
         self.replot_count = 0
         """How many times the figure was rebuilt (tests use it to check throttling)."""
+        self._version: object = None
+        self._drawn: tuple[tuple[object, ...], Text] | None = None  # (size, themes, replot) -> text
+        self._lines_key: tuple[object, ...] | None = None
+        self._lines: dict[int, Strip] = {}
 
     def on_mount(self) -> None:
         """Configure the figure once and start the throttling timer."""
@@ -157,8 +171,19 @@ class ThroughputChart(PlotextPlot):
         points: Sequence[ThroughputPoint],
         now: float,
         markers: Sequence[RelaunchMarker] | None = None,
+        *,
+        version: object = None,
     ) -> None:
-        """Store the newest data; the chart replots on the next tick only if it changed."""
+        """Store the newest data; the chart replots on the next tick only if it changed.
+
+        `version`, when given, is a cheap key of the caller's data (the app passes the length and newest
+        point of its series and the marker count): an update with the same key returns at once, without
+        copying or comparing the points. Without it the points are compared.
+        """
+        if version is not None:
+            if version == self._version:
+                return
+            self._version = version
         new_points = tuple(points)
         new_markers = self._markers if markers is None else tuple(markers)
         if new_points == self._points and new_markers == self._markers:
@@ -184,6 +209,12 @@ class ThroughputChart(PlotextPlot):
         """True when data arrived that is not drawn yet."""
         return self._dirty
 
+    def on_resize(self) -> None:
+        """A drawn chart replots at once at its new size (buckets and ticks follow the size; resizes are rare)."""
+        if self.replot_count and (self._points or self._markers):
+            self._dirty = True
+            self._flush()
+
     def _flush(self) -> None:
         if self._dirty and self.shown:
             self.replot()
@@ -196,6 +227,26 @@ class ThroughputChart(PlotextPlot):
     def _colour(self, variable: str) -> tuple[int, int, int]:
         value = self.app.theme_variables.get(variable) or self.app.theme_variables.get("foreground", "white")
         return Color.parse(value).rgb
+
+    def render(self) -> RenderResult:
+        """The figure drawn at the last replot (rebuilt here only after a replot, a resize or a theme change)."""
+        key: tuple[object, ...] = (self.size.width, self.size.height, self.app.theme, self.theme, self.replot_count)
+        if self._drawn is None or self._drawn[0] != key:
+            rendered = super().render()
+            assert isinstance(rendered, Text)
+            self._drawn = (key, rendered)
+        return self._drawn[1]
+
+    def render_line(self, y: int) -> Strip:
+        """Line y of the figure, kept until a replot, a resize, a theme or a style change."""
+        key: tuple[object, ...] = (self.size, self.app.theme, self.theme, self.replot_count, self.visual_style)
+        if key != self._lines_key:
+            self._lines_key = key
+            self._lines = {}
+        line = self._lines.get(y)
+        if line is None:
+            line = self._lines[y] = super().render_line(y)
+        return line
 
     def replot(self) -> None:
         """Rebuild the figure from the stored data now (the timer calls this; tests may too)."""

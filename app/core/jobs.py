@@ -107,6 +107,12 @@ async def job_members(host: Host, record: JobRecord) -> list[ProcessInfo]:
     return members_of(record, await host.processes())
 
 
+async def job_alive(host: Host, record: JobRecord) -> bool:
+    """Whether the job has any live member: `bool(job_members(...))`, without listing every process
+    (Host.group_alive reads the leader first). The lifecycle's liveness poll uses this."""
+    return await host.group_alive(record.pgid, record.start_time)
+
+
 async def signal_job(host: Host, record: JobRecord, signal_number: int) -> list[ProcessInfo]:
     """Signal the job's group if it is still ours; returns the members that were signalled."""
     members = await job_members(host, record)

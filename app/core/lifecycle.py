@@ -371,7 +371,7 @@ class ServerLifecycle:
                 if self.state in (ServerState.KILLING, ServerState.RELEASING):
                     continue
                 try:
-                    if not await jobs.job_members(self.host, record):
+                    if not await jobs.job_alive(self.host, record):  # the leader's stat, not all of /proc
                         break
                 except HostError:  # a remote host out of reach says nothing about the server: keep watching
                     continue
@@ -516,10 +516,10 @@ class ServerLifecycle:
     async def _wait_group_gone(self, record: jobs.JobRecord, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not await jobs.job_members(self.host, record):
+            if not await jobs.job_alive(self.host, record):
                 return True
             await asyncio.sleep(0.05)
-        return not await jobs.job_members(self.host, record)
+        return not await jobs.job_alive(self.host, record)
 
     async def confirm_free(
         self,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import platformdirs
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header
 
 from app.core.flags import toggle_value
 from app.core.hosts.base import Host
+from app.core.lifecycle import ActionLogged
 from app.core.model import ServerState, ThroughputPoint
 from app.core.profile import Profile
 from app.core.session import ReadOnlyError, Session
@@ -48,6 +49,10 @@ from widgets import (
 )
 
 UI_PERIOD_S = 0.25
+STALE_PERIOD_FLOOR_S = 0.5
+"""The GPU panel marks a row stale after two sample periods, but never under two of these (1 s): at 4 Hz the
+UI's own tick is a quarter second and a tick's process-list query can hold a sample about a period, so two
+periods of 0.25 s flapped rows between stale and live under load (each flap restyles every cell)."""
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
 
 
@@ -88,7 +93,11 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         super().__init__()
         self.session = session
         self.keymap_file = keymap_file
-        self._shown_events = 0
+        self._pushed_snapshot: object = None  # what was last pushed to the widgets (see _refresh_view)
+        self._chart_key: object = None
+        self._figures_key: object = None
+        self._figures = ""
+        self._last_event: ActionLogged | None = None
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._keymap: dict[str, str] = {}
@@ -134,38 +143,66 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         """Push the Session's newest state to the widgets (the 4 Hz timer, and after a key)."""
         try:
             self._refresh_view()
-        except NoMatches:
-            pass  # a tick while the app shuts down, after the dashboard's widgets are gone
+        except (NoMatches, ScreenStackError):
+            pass  # a tick while the app shuts down, after the dashboard's widgets (or screens) are gone
 
     def _refresh_view(self) -> None:
+        """Push only what changed since the last push: a new GPU snapshot (else just the rows' ages), the
+        chart's series when its length, newest point or markers changed, the chart's figures line when the
+        series or the state changed or once a second (its 30 s window moves), and the new events (found
+        from the newest end back to the last one shown). Widgets diff their own cells; nothing here copies
+        the 4000-point series unless it changed."""
         if self.screen is not self.screen_stack[0]:
             self._feed_log_screen()
             return
         session = self.session
         now_wall = time.time()
         with self.batch_update():
-            if session.snapshot is not None:
-                self.query_one(GpuPanel).update(
-                    session.snapshot, time.monotonic(), session.sample_period_ms / 1000
-                )
+            gpus = self.query_one(GpuPanel)
+            period_s = max(session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
+            if session.snapshot is not None and session.snapshot is not self._pushed_snapshot:
+                self._pushed_snapshot = session.snapshot
+                gpus.update(session.snapshot, time.monotonic(), period_s)
+            else:
+                gpus.set_ages(time.monotonic(), period_s)
             self.query_one(ServerPanel).update(self._server_view(), now_wall)
             self.query_one(FlagsPanel).update(self._toggle_rows())
-            chart = self.query_one(ThroughputChart)
-            chart.update(list(session.throughput), now_wall, [RelaunchMarker(m.at, m.text) for m in session.markers])
-            chart.border_subtitle = (
-                _latest_figures(session.throughput, now_wall, since=session.lifecycle.state_since)
-                if session.lifecycle.state == ServerState.READY
-                else ""
-            )
-            events = list(session.events)
-            if len(events) > self._shown_events:
-                log = self.query_one(EventLog)
-                log.extend(EventEntry(e.at, e.text, _level(e.level)) for e in events[self._shown_events:])
-                self._shown_events = len(events)
+            self._push_chart(now_wall)
+            self._push_events()
             busy = f" · {session.busy}…" if session.busy else ""
             probe = " · probe on" if session.probe_wanted else ""
             base = "READ-ONLY" if session.readonly else session.profile.backend
             self.sub_title = f"{base}{probe}{busy}"
+
+    def _push_chart(self, now_wall: float) -> None:
+        session = self.session
+        points, markers = session.throughput, session.markers
+        key = (len(points), points[-1] if points else None, len(markers), markers[-1] if markers else None)
+        chart = self.query_one(ThroughputChart)
+        if key != self._chart_key:
+            self._chart_key = key
+            chart.update(list(points), now_wall, [RelaunchMarker(m.at, m.text) for m in markers], version=key)
+        life = session.lifecycle
+        figures_key = (key, life.state, life.state_since, int(now_wall))
+        if figures_key != self._figures_key:
+            self._figures_key = figures_key
+            text = (_latest_figures(points, now_wall, since=life.state_since)
+                    if life.state == ServerState.READY else "")
+            if text != self._figures:  # setting a border title refreshes the widget, even to the same text
+                self._figures = text
+                chart.border_subtitle = text
+
+    def _push_events(self) -> None:
+        events = self.session.events
+        if not events or events[-1] is self._last_event:
+            return
+        new: list[ActionLogged] = []
+        for event in reversed(events):  # newest first, back to the last one shown
+            if event is self._last_event:
+                break
+            new.append(event)
+        self._last_event = events[-1]
+        self.query_one(EventLog).extend(EventEntry(e.at, e.text, _level(e.level)) for e in reversed(new))
 
     def _server_view(self) -> ServerView:
         life = self.session.lifecycle
@@ -301,16 +338,22 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self.exit()
 
 
-def _latest_figures(points: Iterable[ThroughputPoint], now: float, window_s: float = 30.0, since: float = 0.0) -> str:
+def _latest_figures(points: Sequence[ThroughputPoint], now: float, window_s: float = 30.0, since: float = 0.0) -> str:
     """The newest tok/s per source (within the window, and since `since`: the server's READY time, so a
-    relaunch does not show the previous configuration's figures) and the newest acceptance length, as text."""
+    relaunch does not show the previous configuration's figures) and the newest acceptance length, as text.
+
+    Points arrive in time order, so this walks from the newest back and stops at the first point older
+    than the window (a few dozen points, not the whole series)."""
     latest: dict[str, float] = {}
     accept: float | None = None
-    for point in points:
-        if now - point.at <= window_s and point.at >= since:
-            latest[point.source] = point.tokens_per_s
-            if point.accept_len is not None:
-                accept = point.accept_len
+    for point in reversed(points):
+        if now - point.at > window_s:
+            break
+        if point.at < since:
+            continue
+        latest.setdefault(point.source, point.tokens_per_s)
+        if accept is None and point.accept_len is not None:
+            accept = point.accept_len
     parts = [f"{source} {value:.1f} tok/s" for source, value in sorted(latest.items())]
     if accept is not None:
         parts.append(f"accept {accept:.2f}")

@@ -149,3 +149,29 @@ async def test_files_and_follow(host: Host, tmp_path: Path) -> None:
     assert seen == ["one", "two", "three"]
     await host.remove(path)
     assert await host.read_text(path) is None
+
+
+async def test_group_alive_follows_the_group_not_just_its_leader(host: Host, tmp_path: Path) -> None:
+    """group_alive answers what a scan of processes() would: live members started no earlier than the record."""
+    spawned = await host.spawn_detached(["sh", "-c", "sleep 30 & sleep 30 & wait"], log_path=str(tmp_path / "g.log"))
+    try:
+        assert await host.group_alive(spawned.pgid, spawned.start_time)
+        later = str(int(spawned.start_time) + 10**9)  # a record of a newer job that reused this group id: not ours
+        assert not await host.group_alive(spawned.pgid, later)
+        await host.run(["kill", "-KILL", str(spawned.pid)])  # the leader only: its children hold the group
+        for _ in range(50):
+            if not [p for p in await host.processes() if p.pid == spawned.pid and p.state != "Z"]:
+                break
+            await asyncio.sleep(0.05)
+        assert await host.group_alive(spawned.pgid, spawned.start_time)
+        assert await host.signal_group(spawned.pgid, signal.SIGKILL)
+        for _ in range(50):
+            if not await host.group_alive(spawned.pgid, spawned.start_time):
+                break
+            await asyncio.sleep(0.05)
+        assert not await host.group_alive(spawned.pgid, spawned.start_time)
+    finally:
+        with contextlib.suppress(Exception):
+            await host.signal_group(spawned.pgid, signal.SIGKILL)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # noqa: ASYNC240
+    assert not await host.group_alive(pid_max + 1, "0")

@@ -155,9 +155,11 @@ async def test_gpu_updates_touch_only_changed_cells_and_keep_rows() -> None:
             for static in row.query(Static):
                 original = static.update
 
-                def spy(content: object = "", *, _orig: object = original, _row: GpuRow = row) -> None:
+                def spy(
+                    content: object = "", *, _orig: object = original, _row: GpuRow = row, layout: bool = True
+                ) -> None:
                     updated.append(_row.uuid)
-                    _orig(content)  # type: ignore[operator]
+                    _orig(content, layout=layout)  # type: ignore[operator]
 
                 static.update = spy  # type: ignore[method-assign]
         changed = list(samples)

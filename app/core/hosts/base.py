@@ -99,6 +99,14 @@ class Host(abc.ABC):
     async def processes(self) -> list[ProcessInfo]:
         """Every live process on the host (zombies included, with state "Z")."""
 
+    async def group_alive(self, pgid: int, start_time: str) -> bool:
+        """True while process group `pgid` has a live (non-zombie) member that started no earlier than
+        `start_time` (the recorded leader's start time); the same answer as scanning `processes()`, which
+        is what this default does. Hosts override it with a cheaper check (the leader's own stat first)."""
+        from app.core.hosts.procfs import is_group_member
+
+        return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
+
     @abc.abstractmethod
     async def port_in_use(self, port: int) -> bool:
         """True when something listens on the TCP port (any address)."""

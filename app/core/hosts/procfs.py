@@ -38,6 +38,20 @@ def parse_stat_line(line: str) -> ProcessInfo | None:
         return None
 
 
+def start_ticks(value: str) -> int:
+    """A stat start time as a number (-1 when unreadable, so it never counts as "after" anything)."""
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+def is_group_member(proc: ProcessInfo, pgid: int, start_time: str) -> bool:
+    """A live (non-zombie) member of process group `pgid` that started no earlier than `start_time` (the
+    recorded leader's start; an older process in a reused group id is not ours)."""
+    return proc.pgid == pgid and proc.state != "Z" and start_ticks(proc.start_time) >= start_ticks(start_time)
+
+
 def parse_stat_text(text: str) -> list[ProcessInfo]:
     """Many concatenated stat lines (as `cat /proc/[0-9]*/stat` prints them)."""
     found = []

@@ -33,7 +33,7 @@ import asyncssh
 
 from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, ProcessInfo, SpawnedProcess
 from app.core.hosts.local import detached_argv
-from app.core.hosts.procfs import listening_ports, parse_stat_line, parse_stat_text
+from app.core.hosts.procfs import is_group_member, listening_ports, parse_stat_line, parse_stat_text
 from app.core.hosts.ssh_trust import (
     HostKeyChanged,
     HostKeyUnknown,
@@ -333,6 +333,21 @@ class SshHost(Host):
     async def processes(self) -> list[ProcessInfo]:
         result = await self.run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; exit 0"])
         return parse_stat_text(result.stdout)
+
+    async def group_alive(self, pgid: int, start_time: str) -> bool:
+        """One small exec: the leader's stat line, then "=group" when `kill -0 -PGID` finds any process in the
+        group (or is refused: another user's). A live leader answers; no group at all is dead; only a group
+        without its leader (orphaned children, zombies) costs the full process scan."""
+        script = 'cat "/proc/$1/stat" 2>/dev/null; err=$(kill -0 "-$1" 2>&1) && echo =group || ' \
+                 'case "$err" in *ermitted*) echo =group;; esac; exit 0'
+        result = await self.run(["sh", "-c", script, "sh", str(int(pgid))])
+        lines = result.stdout.splitlines()
+        leader = parse_stat_line(lines[0]) if lines and not lines[0].startswith("=") else None
+        if leader is not None and is_group_member(leader, pgid, start_time):
+            return True
+        if "=group" not in lines:
+            return False
+        return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
 
     async def port_in_use(self, port: int) -> bool:
         result = await self.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; exit 0"])
