@@ -75,6 +75,7 @@ class ActionLogged:
 @dataclass(frozen=True)
 class ServerLogEvent:
     event: LogEvent
+    replayed: bool = False  # read from the log as it was when tunedash re-attached (old news, not live)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class ServerLifecycle:
         self.health_ok: bool | None = None
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
+        self._replay_left = 0  # log lines that were already there when we re-attached
         self._listeners: list[Callable[[LifecycleEvent], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
@@ -252,6 +254,7 @@ class ServerLifecycle:
             return False
         self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
         self._attached_times = dict(record.phase_times)
+        self._replay_left = (await self.host.read_text(record.log_path) or "").count("\n")
         self._set_state(ServerState.LAUNCHING)
         self._start_watch(record)
         return True
@@ -333,6 +336,7 @@ class ServerLifecycle:
 
     def _reset_run(self) -> None:
         self._attached_times = None
+        self._replay_left = 0
         self.notices = []
         self.fatal = None
         self.last_lines.clear()
@@ -400,11 +404,13 @@ class ServerLifecycle:
         async with contextlib.aclosing(self.host.follow(record.log_path)) as lines:
             async for line in lines:
                 self.last_lines.append(line)
+                replayed = self._replay_left > 0
+                self._replay_left = max(0, self._replay_left - 1)
                 for event in parser.feed(line):
-                    self._handle_log_event(event, record)
+                    self._handle_log_event(event, record, replayed)
 
-    def _handle_log_event(self, event: LogEvent, record: jobs.JobRecord) -> None:
-        self._emit(ServerLogEvent(event))
+    def _handle_log_event(self, event: LogEvent, record: jobs.JobRecord, replayed: bool = False) -> None:
+        self._emit(ServerLogEvent(event, replayed))
         if isinstance(event, PhaseEvent):
             self._advance(event)
         elif isinstance(event, ReadyEvent):

@@ -111,7 +111,9 @@ class Session:
             self._on_state(event.state)
         elif isinstance(event, ServerLogEvent):
             payload = event.event
-            if isinstance(payload, DecodeStats):
+            if event.replayed:
+                pass  # a re-attach replays the log: its old throughput lines are not live figures
+            elif isinstance(payload, DecodeStats):
                 self.throughput.append(ThroughputPoint(time.time(), payload.gen_tps, "log", payload.accept_len))
             elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None and self.throughput:
                 last = self.throughput[-1]
