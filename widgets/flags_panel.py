@@ -81,13 +81,14 @@ class FlagRow(Horizontal):
         if not self._composed:
             return
         if force or old is None or old != row:
-            self.query_one(".flag-key", Static).update(Text(f"[{row.key}]"))
+            # fixed-size one-line cells: no layout pass (a key's change reaches the screen sooner)
+            self.query_one(".flag-key", Static).update(Text(f"[{row.key}]"), layout=False)
             label = self.query_one(".flag-label", Static)
-            label.update(row.label)
+            label.update(row.label, layout=False)
             label.tooltip = row.flag
-            self.query_one(".flag-running", Static).update(show_value(row.running))
+            self.query_one(".flag-running", Static).update(show_value(row.running), layout=False)
             pending = f" → {show_value(row.pending)}" if row.is_pending else ""
-            self.query_one(".flag-pending", Static).update(pending)
+            self.query_one(".flag-pending", Static).update(pending, layout=False)
             self.set_class(row.is_pending, "-pending")
             self.tooltip = f"{row.flag}: running {show_value(row.running)}, next {show_value(row.pending)}"
 

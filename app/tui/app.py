@@ -204,6 +204,12 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self._last_event = events[-1]
         self.query_one(EventLog).extend(EventEntry(e.at, e.text, _level(e.level)) for e in reversed(new))
 
+    def _push_flags(self) -> None:
+        try:
+            self.query_one(FlagsPanel).update(self._toggle_rows())
+        except NoMatches:
+            pass
+
     def _server_view(self) -> ServerView:
         life = self.session.lifecycle
         record = life.record
@@ -260,8 +266,10 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         if toggle is None:
             return
         text = self.session.press_toggle(toggle)
-        self.notify(f"pending: {text}", timeout=2)
-        self.refresh_view()
+        self._push_flags()  # only what the key changed; the rest comes with the next tick
+        # The toast after the frame that shows the new value: mounting it costs a layout pass, which the
+        # key's own change need not wait for.
+        self.call_after_refresh(self.notify, f"pending: {text}", timeout=2)
 
     def action_relaunch(self) -> None:
         if self.session.lifecycle.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
