@@ -49,6 +49,9 @@ from widgets import (
 )
 
 UI_PERIOD_S = 0.25
+CHART_PERIOD_S = 1.0
+"""The chart replots at most once a second (ARCHITECTURE: 1-2 Hz). A replot (plotext's figure, its ANSI text
+parsed, turned into strips) is the dashboard's single largest cost, about half its CPU at 2 Hz with the probe on."""
 STALE_PERIOD_FLOOR_S = 0.5
 """The GPU panel marks a row stale after two sample periods, but never under two of these (1 s): at 4 Hz the
 UI's own tick is a quarter second and a tick's process-list query can hold a sample about a period, so two
@@ -110,7 +113,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             yield ServerPanel(id="server")
             with Vertical(id="right"):
                 yield FlagsPanel(id="flags")
-                yield ThroughputChart(id="chart")
+                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S)
         yield EventLog(id="events")
         yield Footer()
 
