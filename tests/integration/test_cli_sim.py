@@ -9,26 +9,12 @@ import socket
 from pathlib import Path
 
 from app.sim.host_env import reset_state
+from tests.fakes import live_group_members
 from tests.integration.conftest import MakeProfile, tunedash
 
 
 def _record(sim_state: Path, name: str = "t") -> dict:
     return json.loads((sim_state / "host" / "jobs" / f"{name}.json").read_text())
-
-
-def _group_alive(pgid: int) -> list[int]:
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry))
-    return alive
 
 
 def test_launch_gpus_relaunch_kill(make_profile: MakeProfile, sim_state: Path) -> None:
@@ -59,7 +45,7 @@ def test_launch_gpus_relaunch_kill(make_profile: MakeProfile, sim_state: Path) -
     killed = tunedash("kill", str(profile), "--confirm-free")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "GPU0 0 MiB, GPU1 0 MiB" in killed.stdout
-    assert _group_alive(record["pgid"]) == []
+    assert live_group_members(record["pgid"]) == []
 
 
 def test_orphaned_ranks_hold_memory_until_the_group_is_killed(make_profile: MakeProfile, sim_state: Path) -> None:
@@ -72,7 +58,7 @@ def test_orphaned_ranks_hold_memory_until_the_group_is_killed(make_profile: Make
     assert "sglang::scheduler_TP0" in held.stdout and "sglang::scheduler_TP1" in held.stdout
     freed = tunedash("kill", str(profile), "--confirm-free")
     assert freed.returncode == 0, freed.stdout + freed.stderr
-    assert _group_alive(record["pgid"]) == []
+    assert live_group_members(record["pgid"]) == []
 
 
 def test_memory_that_never_frees_exits_3_naming_holders(make_profile: MakeProfile, sim_state: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import live_group_members
 from tests.integration.conftest import REPO, free_port, tunedash
 
 WriteProfile = Callable[..., Path]
@@ -117,7 +118,7 @@ def test_orphaned_children_are_killed_with_their_group(custom_profile: WriteProf
     assert launched.returncode == 0, launched.stdout + launched.stderr
     record = _record(sim_state)
     assert record["argv"][-3:] == ["--mib", "1", "--orphan-children"]
-    children = [p for p in _group_members(record["pgid"]) if p != record["pid"]]
+    children = [p.pid for p in live_group_members(record["pgid"]) if p.pid != record["pid"]]
     assert len(children) == 2
 
     os.kill(record["pid"], signal.SIGKILL)  # the parent alone, as a careless `kill -9 PID` does
@@ -130,15 +131,3 @@ def test_orphaned_children_are_killed_with_their_group(custom_profile: WriteProf
     assert _wait_gone(children) == []
 
 
-def _group_members(pgid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry))
-    return found

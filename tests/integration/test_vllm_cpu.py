@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import live_group_members
 from tests.integration.conftest import REPO, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -69,20 +70,9 @@ def _record(env: dict[str, str]) -> dict:
     return json.loads((Path(env["XDG_STATE_HOME"]) / "tunedash" / "jobs" / "vllm-e2e.json").read_text())
 
 
-def _group(pgid: int) -> list[str]:
+def _group_text(pgid: int) -> list[str]:
     """Live members of a process group: "pid name"."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(f"{entry} {stat[stat.find('(') + 1 : stat.rfind(')')]}")
-    return alive
+    return [f"{p.pid} {p.name}" for p in live_group_members(pgid)]
 
 
 def _health(port: int) -> int | None:
@@ -121,7 +111,7 @@ def test_real_vllm_launch_probe_relaunch_ab_kill(vllm_profile: tuple[Path, dict[
     assert "READY" in launched.stdout
     assert _health(port) == 200  # ready means the port answers, not "Starting vLLM server" printed
     first = _record(env)
-    processes = _group(first["pgid"])
+    processes = _group_text(first["pgid"])
     assert any("VLLM::EngineCor" in p for p in processes), processes
 
     status = _run(env, "status", str(profile), "--json")
@@ -142,7 +132,7 @@ def test_real_vllm_launch_probe_relaunch_ab_kill(vllm_profile: tuple[Path, dict[
     assert "ready" in relaunched.stdout
     second = _record(env)
     assert second["flags"]["speculative-config"]["num_speculative_tokens"] == 1
-    assert second["pgid"] != first["pgid"] and _group(first["pgid"]) == []
+    assert second["pgid"] != first["pgid"] and _group_text(first["pgid"]) == []
 
     ab = _run(env, "ab", str(profile), "--a", "speculative-config.num_speculative_tokens=1",
               "--b", "speculative-config.num_speculative_tokens=3", "--trials", "2", "--requests", "4",
@@ -158,7 +148,7 @@ def test_real_vllm_launch_probe_relaunch_ab_kill(vllm_profile: tuple[Path, dict[
     last = _record(env)
     killed = _run(env, "kill", str(profile), "--confirm-free", timeout=120)
     assert killed.returncode == 0, killed.stdout + killed.stderr
-    assert _group(last["pgid"]) == []
+    assert _group_text(last["pgid"]) == []
     assert _port_free(port)
     after = _run(env, "status", str(profile), "--json")
     assert json.loads(after.stdout)["state"] != "READY"

@@ -10,17 +10,18 @@ idle and loaded also have `tunedash gpus --json` from both sources.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.core.freecheck import FreeCheck, learn_baseline
-from app.core.hosts.base import CommandResult, Host, ProcessInfo, SpawnedProcess
+from app.core.hosts.base import CommandResult
 from app.core.model import GpuSnapshot
 from app.core.smi import parse_compute_apps_csv, parse_gpu_csv
 from app.core.telemetry import SmiTelemetry
+from tests.fakes import CommandOnlyHost
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
 LABELS = ("idle", "loaded", "orphan", "after")
@@ -37,7 +38,7 @@ def nvml(label: str) -> dict[str, Any]:
     return json.loads(text(f"{label}_nvml.json"))
 
 
-class CapturedHost(Host):
+class CapturedHost(CommandOnlyHost):
     """A host whose nvidia-smi prints one label's captured CSV."""
 
     name = "h200x2"
@@ -50,38 +51,6 @@ class CapturedHost(Host):
     ) -> CommandResult:
         kind = "compute_apps" if argv[1].startswith("--query-compute-apps") else "query_gpu"
         return CommandResult(tuple(argv), 0, text(f"{self.label}_{kind}.csv"), "")
-
-    def stream_lines(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
-        raise NotImplementedError
-
-    async def spawn_detached(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None,
-                             cwd: str | None = None) -> SpawnedProcess:
-        raise NotImplementedError
-
-    async def signal_group(self, pgid: int, signal_number: int) -> bool:
-        raise NotImplementedError
-
-    async def processes(self) -> list[ProcessInfo]:
-        raise NotImplementedError
-
-    async def port_in_use(self, port: int) -> bool:
-        raise NotImplementedError
-
-    async def read_text(self, path: str) -> str | None:
-        raise NotImplementedError
-
-    async def write_text(self, path: str, text: str) -> None:
-        raise NotImplementedError
-
-    async def remove(self, path: str) -> None:
-        raise NotImplementedError
-
-    def follow(self, path: str, *, from_start: bool = True) -> AsyncIterator[str]:
-        raise NotImplementedError
-
-    @property
-    def state_dir(self) -> str:
-        return "/tmp"
 
 
 async def snapshot(label: str) -> GpuSnapshot:

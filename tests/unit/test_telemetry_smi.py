@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.hosts.base import CommandResult, Host, HostError, ProcessInfo, SpawnedProcess
+from app.core.hosts.base import CommandResult, HostError
 from app.core.model import GpuSnapshot
 from app.core.telemetry import SmiTelemetry
+from tests.fakes import CommandOnlyHost
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "smi"
 H200 = "GPU-529c853d-7a5b-f0b8-3c1e-2d4b5e6f7a81"
@@ -23,10 +24,8 @@ APPS_BOTH = f"{A100}, 2001, 9104, python -m sglang.launch_server --tp 2\n{H200},
 Reply = CommandResult | Exception | Callable[[], "asyncio.Future[CommandResult]"]
 
 
-class ScriptedHost(Host):
+class ScriptedHost(CommandOnlyHost):
     """A host whose nvidia-smi answers come from lists: one-shot replies and loop streams."""
-
-    name = "gpu-box"
 
     def __init__(self, gpu: list[Reply], apps: list[Reply], streams: list[list[str]] | None = None) -> None:
         self.gpu = gpu
@@ -68,35 +67,6 @@ class ScriptedHost(Host):
                 await asyncio.sleep(0)
         finally:
             self.closed_streams += 1
-
-    async def spawn_detached(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None,
-                             cwd: str | None = None) -> SpawnedProcess:
-        raise NotImplementedError
-
-    async def signal_group(self, pgid: int, signal_number: int) -> bool:
-        raise NotImplementedError
-
-    async def processes(self) -> list[ProcessInfo]:
-        raise NotImplementedError
-
-    async def port_in_use(self, port: int) -> bool:
-        raise NotImplementedError
-
-    async def read_text(self, path: str) -> str | None:
-        raise NotImplementedError
-
-    async def write_text(self, path: str, text: str) -> None:
-        raise NotImplementedError
-
-    async def remove(self, path: str) -> None:
-        raise NotImplementedError
-
-    def follow(self, path: str, *, from_start: bool = True) -> AsyncIterator[str]:
-        raise NotImplementedError
-
-    @property
-    def state_dir(self) -> str:
-        return "/tmp"
 
 
 def ok(stdout: str) -> CommandResult:
