@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -105,7 +106,10 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
     host: Host = host_for(_load(args)) if args.profile else LocalHost("local")
     source = args.source or ("nvml" if getattr(host, "is_local", False) and host.name == "local" else "smi")
     gpus = tuple(_load(args).gpus) if args.profile else None
-    telemetry = telemetry_for(host, source, gpus)
+    try:
+        telemetry = telemetry_for(host, source, gpus)
+    except ValueError as exc:  # --source nvml for a remote host
+        raise CliError(str(exc)) from None
     snapshot = await telemetry.sample()
     data = snapshot_to_json(snapshot)
     data["host"] = host.name
@@ -114,7 +118,8 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
         _print(json.dumps(data, indent=2))
     else:
         if snapshot.error is not None:
-            _print(f"{host.name}: {snapshot.error.message.strip()}")
+            message = snapshot.error.message.strip()
+            _print(message if message.startswith(f"{host.name}:") else f"{host.name}: {message}")
             if snapshot.error.hint:
                 _print(f"  {snapshot.error.hint}")
         for gpu in data.get("gpus", []):
@@ -378,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc, CliError) else EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tunedash status | head`: the reader left early; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

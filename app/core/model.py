@@ -47,6 +47,7 @@ class TelemetryError:
     """A whole telemetry read failed (nvidia-smi missing, driver mismatch, NVML init error...)."""
 
     kind: str  # "not_found" | "driver" | "no_devices" | "bad_field" | "lost" | "permission" | "garbage" | "other"
+    # or "connection": the host itself (SSH) was lost or refused us, not the GPU tool on it
     message: str  # the tool's own text, verbatim
     exit_code: int | None = None
     hint: str = ""  # what the user can do

@@ -171,6 +171,11 @@ def find_profiles(dirs: Sequence[Path] | None = None) -> list[tuple[str, Path]]:
 
 def resolve_profile(name_or_path: str, dirs: Sequence[Path] | None = None) -> Profile:
     """Load a profile from a path ("./my.toml") or by name ("demo"); an unknown name lists the known ones."""
+    if "://" in name_or_path:  # `tunedash ui ssh://host`: a host, where a profile (which names one) belongs
+        raise ProfileError(
+            f"{name_or_path!r} is a host, not a profile: write a profile (see `tunedash profiles`) with "
+            f'host = "{name_or_path}" and pass its name or path'
+        )
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or "/" in name_or_path or path.is_file():
         if not path.is_file():

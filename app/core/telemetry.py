@@ -55,7 +55,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core.hosts.base import CommandResult, Host
+from app.core.hosts.base import CommandResult, Host, HostError
 from app.core.model import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
 from app.core.nvml import NvmlTelemetry
 from app.core.smi import (
@@ -355,11 +355,22 @@ def _exit_code(line: str) -> int | None:
 
 
 def _host_failure(host: Host, exc: BaseException) -> TelemetryError:
-    return TelemetryError(
-        kind="other",
-        message=f"{host.name}: {type(exc).__name__}: {exc}",
-        hint=f"Check that {host.name} is reachable; tunedash retries automatically.",
-    )
+    """A host call that failed, in the host's own words (a HostError already names the host), and what
+    happens next: an SSH host that lost its connection reconnects by itself; one that failed for good (a host
+    key refused or changed, login refused) does not, and the hint says so."""
+    if isinstance(exc, HostError):
+        text = str(exc)
+        message = text if text.startswith(f"{host.name}:") else f"{host.name}: {text}"
+    else:
+        message = f"{host.name}: {type(exc).__name__}: {exc}"
+    state = getattr(host, "state", None)
+    if state == "failed":
+        hint = "tunedash does not retry this: do what the message says, then start tunedash again."
+    elif state in ("lost", "reconnecting"):
+        hint = "The values below are from before the loss; tunedash reconnects by itself."
+    else:
+        hint = f"Check that {host.name} is reachable; tunedash retries automatically."
+    return TelemetryError(kind="connection", message=message, hint=hint)
 
 
 def telemetry_for(

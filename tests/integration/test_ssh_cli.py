@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli import main as cli_main
 from app.sim.host_env import reset_state
 from tests.integration.conftest import REPO, free_port
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
@@ -96,11 +97,29 @@ def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: 
         assert phase in relaunched.stdout
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
 
+    # bench: HTTP through the SSH port forward (ab is that plus two relaunches: test_ab_sim.py, by hand over SSH).
+    bench = cli(home, "bench", profile, "--requests", "3", "--concurrency", "1", "--max-tokens", "16", "--warmup", "0")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert "requests ok / sent       3/3" in bench.stdout and "history: run #1" in bench.stdout
+    log_path = relaunched.stdout.rsplit(", log ", 1)[1].split()[0]  # on loopback the host's log is local too
+    log = cli(home, "log", log_path, "--json")
+    assert log.returncode == 0 and '"ready"' in log.stdout, log.stdout + log.stderr
+
     killed = cli(home, "kill", profile, "--confirm-free", "--grace", "5")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "0 MiB" in killed.stdout
+    free = cli(home, "free", profile, "--timeout", "10")
+    assert free.returncode == 0 and "FREE" in free.stdout, free.stdout + free.stderr
     gpus = cli(home, "gpus", profile, "--json")
     assert gpus.returncode == 0 and '"memory_used_mib": 0' in gpus.stdout
+
+
+def test_remote_misuse_is_refused_in_words(sshd: Sshd, ssh_profile, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """No connection needed: libnvidia-ml reads this machine only; `ui ssh://...` names a host, not a profile."""
+    assert cli_main(["gpus", str(ssh_profile()), "--source", "nvml"]) == 2
+    assert "use --source smi" in capsys.readouterr().err
+    assert cli_main(["ui", sshd.spec]) == 2
+    assert "is a host, not a profile" in capsys.readouterr().err
 
 
 def test_unknown_key_is_refused_until_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811

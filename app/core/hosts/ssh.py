@@ -119,9 +119,13 @@ class SshHost(Host):
             request = await inspect_host_key(self.target, kwargs)
             if request.status == "changed":
                 raise HostKeyChanged(changed_message(request)) from None
-            if request.status == "unknown" and self._trust_prompt is not None and await self._trust_prompt(request):
-                add_known_host(request)
-                return await self._open()
+            if request.status == "unknown" and self._trust_prompt is not None:
+                if await self._trust_prompt(request):
+                    add_known_host(request)
+                    return await self._open()
+                # The person said no: final for this host object (no retry asks again every second).
+                self._failed = HostKeyUnknown(unknown_message(request), request)
+                raise self._failed from None
             if request.status == "trusted":  # the key is listed, so something else failed verification
                 raise HostError(f"{self.name}: the host key could not be verified (revoked or CA key?)") from None
             raise HostKeyUnknown(unknown_message(request), request) from None
@@ -145,6 +149,8 @@ class SshHost(Host):
         async with self._connect_lock:
             if self._conn is not None:
                 return self._conn
+            if self._failed is not None:  # decided while this call waited for the lock (a declined key)
+                raise self._failed
             if self._last_error is not None and time.monotonic() - self._last_attempt < 1.0:
                 raise self._last_error
             self._last_attempt = time.monotonic()
