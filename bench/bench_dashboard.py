@@ -208,7 +208,7 @@ def measure_keys_tmux(dash: TmuxDashboard, presses: int, output: PaneOutput) -> 
     polling, so the harness adds almost no load. Cross-check on the same presses: capture-pane every 5 ms
     until the Flags row changes; latency = middle of that capture - end of send-keys (error: half a capture,
     whose cost is printed). Steps are reset with `u` before they would wrap to the running value (no arrow
-    then). Presses are 0.3-0.7 s apart at random, at every phase of the 4 Hz refresh and 2 Hz replot.
+    then). Presses are 0.3-0.7 s apart at random, at every phase of the 2 Hz refresh and the chart's replot.
     """
     rng = random.Random(7)
     figures = KeyFigures([], [], [], [], [])

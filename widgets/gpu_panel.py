@@ -165,19 +165,22 @@ class GpuRow(Widget):
         self._shown: dict[str, CellText] = {}
         self._sample = sample
         self._composed = False
+        self._cells_ready = False  # set once the cells are found mounted (a query per show cost more than the show)
         self._age_args: tuple[float, float] | None = None
+        self._statics: dict[str, Static] = {}  # the cells by key, made in compose (no query per update)
+        self._bar: MemoryBar | None = None
 
     def compose(self) -> ComposeResult:
         """A line of cells and a line of processes."""
+        self._statics = {key: Static(classes=f"gpu-{key}", markup=False)
+                         for key in ("name", "memory", "util", "temp", "power", "age", "procs")}
+        self._bar = MemoryBar()
         with Horizontal():
-            yield Static(classes="gpu-name", markup=False)
-            yield MemoryBar()
-            yield Static(classes="gpu-memory", markup=False)
-            yield Static(classes="gpu-util", markup=False)
-            yield Static(classes="gpu-temp", markup=False)
-            yield Static(classes="gpu-power", markup=False)
-            yield Static(classes="gpu-age", markup=False)
-        yield Static(classes="gpu-procs", markup=False)
+            yield self._statics["name"]
+            yield self._bar
+            for key in ("memory", "util", "temp", "power", "age"):
+                yield self._statics[key]
+        yield self._statics["procs"]
 
     def on_mount(self) -> None:
         """Show the sample the row was created with."""
@@ -189,7 +192,10 @@ class GpuRow(Widget):
     def _cells_mounted(self) -> bool:
         """The cells live in a Horizontal whose children can mount after this row's Mount event (a show
         then failed with NoMatches on MemoryBar); until they are there, show again after the next refresh."""
+        if self._cells_ready:
+            return True
         if self.query(MemoryBar):
+            self._cells_ready = True
             return True
         self.call_after_refresh(lambda: self.show(self._sample))
         return False
@@ -205,13 +211,14 @@ class GpuRow(Widget):
             if self._shown.get(key) == cell:
                 continue
             self._shown[key] = cell
-            static = self.query_one(f".gpu-{key}", Static)
+            static = self._statics[key]
             static.update(cell.text, layout=False)  # fixed-size one-line cells: no layout pass
             static.tooltip = cell.tooltip
             static.set_class(cell.text == NA or cell.text.endswith(f": {NA}"), "-na")
         used, total = sample.memory_used_mib, sample.memory_total_mib
         fraction = used / total if used is not None and total else None
-        bar = self.query_one(MemoryBar)
+        bar = self._bar
+        assert bar is not None  # made in compose, which ran (_composed)
         bar.fraction = fraction
         tooltip = None if fraction is not None else self._shown["memory"].tooltip
         if bar.tooltip != tooltip:
@@ -225,9 +232,9 @@ class GpuRow(Widget):
         if self.has_class("-stale") != stale:
             self.set_class(stale, "-stale")
         cell = CellText(f"stale {format_age(age)}" if stale else "", "no new sample" if stale else None)
-        if self._shown.get("age") != cell and self._composed and self.query(".gpu-age"):
+        if self._shown.get("age") != cell and self._composed and self._cells_mounted():
             self._shown["age"] = cell
-            static = self.query_one(".gpu-age", Static)
+            static = self._statics["age"]
             static.update(cell.text, layout=False)  # fixed-size one-line cells: no layout pass
             static.tooltip = cell.tooltip
 

@@ -63,9 +63,19 @@ def _or_na(value: object) -> str:
     return NA if value is None else str(value)
 
 
+def format_duration(seconds: float) -> str:
+    """A time in state or an uptime: whole seconds under a minute ("12s"), then as format_age ("3m05s").
+
+    Whole seconds, so these lines change once a second; the app passes `now`, `since` and the uptime on whole
+    seconds of the wall clock, so both lines (and the chart's figures) change in the same UI tick: one screen
+    update a second instead of one per line per tick."""
+    seconds = max(0.0, seconds)
+    return f"{int(seconds)}s" if seconds < 60 else format_age(seconds)
+
+
 def state_line(view: ServerView, now: float) -> str:
     """ "READY for 2m03s"."""
-    return f"{view.state.value} for {format_age(now - view.since)}"
+    return f"{view.state.value} for {format_duration(now - view.since)}"
 
 
 def identity_line(view: ServerView) -> str:
@@ -76,7 +86,7 @@ def identity_line(view: ServerView) -> str:
     else:
         parts = [f"pid {_or_na(view.pid)}/{_or_na(view.pgid)}"]
         if view.uptime_s is not None:
-            parts.append(f"up {format_age(view.uptime_s)}")
+            parts.append(f"up {format_duration(view.uptime_s)}")
     parts += [f"port {_or_na(view.port)}", backend]
     if view.model:
         parts.append(view.model)

@@ -1,31 +1,32 @@
 """Provides ThroughputChart: tokens/s per source over the last minutes, acceptance length, relaunch markers.
 
-A PlotextPlot subclass that draws on its own figure (never the global plotext module). New data only
-marks the chart dirty; a timer replots at most every `min_interval_s` (0.5 s) and only when something
-changed and the chart is on screen. Points are averaged into about one bucket per plot column.
+New data only marks the chart dirty; a timer (or the owner's tick, through flush()) replots at most every
+`min_interval_s` and only when something changed and the chart is on screen. Points are averaged into one
+bucket per plot column.
 
-Drawing is cached: PlotextPlot.render rebuilds the whole figure and re-parses its ANSI text on every
-refresh (about 30 ms for a 60x20 chart), and Textual refreshes a widget for reasons other than new data
-(a border title set, a layout pass). `render()` returns the Text built at the last replot unless the size or
-the theme changed since, and `render_line()` keeps the lines made from it (turning plotext's thousands of
-styled spans into strips costs as much again), so only a replot pays; a new border subtitle (the app's
-latest figures, once a second) only redraws the border.
+The chart draws its braille plot, frame, ticks, legend and marker labels itself on a BrailleCanvas and keeps
+the strips until the next replot, resize or theme change: about a millisecond for a 60x20 chart. (It was a
+PlotextPlot: plotext's figure, its ANSI text parsed back and turned into strips cost about 30 ms a replot,
+the dashboard's largest single cost.) A new border subtitle (the app's latest figures, once a second) only
+redraws the border.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rich.text import Text
-from textual.app import RenderResult
+from rich.color import Color as RichColor
+from rich.style import Style
 from textual.color import Color
 from textual.strip import Strip
-from textual_plotext import PlotextPlot
+from textual.widget import Widget
 
 from app.core.model import ThroughputPoint
+from widgets.braille_canvas import BrailleCanvas
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,7 @@ def nice_ceiling(value: float) -> float:
 
 
 def _ticks(top: float, count: int = 5) -> tuple[list[float], list[str]]:
-    """`count` evenly spaced ticks from 0 to top, labelled without trailing zeros.
-
-    Few enough ticks that plotext never has to thin them out (its thinning is not stable).
-    """
+    """`count` evenly spaced ticks from 0 to top, labelled without trailing zeros."""
     values = [top * i / (count - 1) for i in range(count)]
     return values, [f"{v:g}" for v in values]
 
@@ -88,7 +86,7 @@ MARKER_LABEL_CHARS = 28
 """Relaunch labels longer than this are cut with an ellipsis."""
 LABEL_ROWS = (0.8, 0.68, 0.56)
 """Heights (fractions of the y axis) that successive markers' labels cycle through, so neighbours do not overlap;
-below the legend (top left, three rows), which a label at the top covered."""
+below the legend (top left, a row per series), which a label at the top covered."""
 
 
 def marker_label_places(
@@ -117,7 +115,7 @@ def short_label(label: str, limit: int = MARKER_LABEL_CHARS) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
-class ThroughputChart(PlotextPlot):
+class ThroughputChart(Widget):
     """Tokens/s (left axis) by source and acceptance length (right axis) over `window_s` seconds.
 
     Feed it with `update(points, now, markers)`; `now` is wall-clock (time.time(), the clock of
@@ -135,11 +133,14 @@ class ThroughputChart(PlotextPlot):
     }
     """
 
+    XLABEL = "seconds ago"
+
     def __init__(
         self,
         window_s: float = 300.0,
         min_interval_s: float = 0.5,
         *,
+        own_timer: bool = True,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -148,6 +149,10 @@ class ThroughputChart(PlotextPlot):
         self.border_title = "tokens/s"
         self.window_s = window_s
         self.min_interval_s = min_interval_s
+        self.own_timer = own_timer
+        """False: the owner calls flush() from its own UI tick (replots then land in the same screen update as
+        the rest of the tick's changes, not in one of their own)."""
+        self._last_replot = -math.inf  # time.monotonic() of the last replot
         self._points: tuple[ThroughputPoint, ...] = ()
         self._markers: tuple[RelaunchMarker, ...] = ()
         self._now = 0.0
@@ -157,14 +162,25 @@ class ThroughputChart(PlotextPlot):
         self.replot_count = 0
         """How many times the figure was rebuilt (tests use it to check throttling)."""
         self._version: object = None
-        self._drawn: tuple[tuple[object, ...], Text] | None = None  # (size, themes, replot) -> text
         self._lines_key: tuple[object, ...] | None = None
-        self._lines: dict[int, Strip] = {}
+        self._lines: list[Strip] = []
+        self._canvas: BrailleCanvas | None = None
+        self._style_generation = 0
 
     def on_mount(self) -> None:
-        """Configure the figure once and start the throttling timer."""
-        self.plt.xlabel("seconds ago")
-        self.set_interval(self.min_interval_s, self._flush)
+        """Start the throttling timer (unless the owner flushes)."""
+        if self.own_timer:
+            self.set_interval(self.min_interval_s, self._flush)
+
+    def flush(self, now: float | None = None) -> bool:
+        """Replot now if data arrived, the chart is shown and the last replot is `min_interval_s` old (`now`:
+        time.monotonic()); for an owner that drives the chart from its own tick. True when it replotted."""
+        now = time.monotonic() if now is None else now
+        # 5% slack: an owner ticking every min_interval_s / n would otherwise miss by its timer's jitter
+        if self._dirty and now - self._last_replot >= 0.95 * self.min_interval_s and self.shown:
+            self.replot()
+            return True
+        return False
 
     def update(
         self,
@@ -209,12 +225,6 @@ class ThroughputChart(PlotextPlot):
         """True when data arrived that is not drawn yet."""
         return self._dirty
 
-    def on_resize(self) -> None:
-        """A drawn chart replots at once at its new size (buckets and ticks follow the size; resizes are rare)."""
-        if self.replot_count and (self._points or self._markers):
-            self._dirty = True
-            self._flush()
-
     def _flush(self) -> None:
         if self._dirty and self.shown:
             self.replot()
@@ -224,78 +234,181 @@ class ThroughputChart(PlotextPlot):
         """Whether the chart is displayed on the top screen (no replot while hidden or under a modal)."""
         return self.display and self.is_on_screen and self.app.screen is self.screen
 
-    def _colour(self, variable: str) -> tuple[int, int, int]:
+    def _colour(self, variable: str) -> Style:
         value = self.app.theme_variables.get(variable) or self.app.theme_variables.get("foreground", "white")
-        return Color.parse(value).rgb
-
-    def render(self) -> RenderResult:
-        """The figure drawn at the last replot (rebuilt here only after a replot, a resize or a theme change)."""
-        key: tuple[object, ...] = (self.size.width, self.size.height, self.app.theme, self.theme, self.replot_count)
-        if self._drawn is None or self._drawn[0] != key:
-            rendered = super().render()
-            assert isinstance(rendered, Text)
-            self._drawn = (key, rendered)
-        return self._drawn[1]
-
-    def render_line(self, y: int) -> Strip:
-        """Line y of the figure, kept until a replot, a resize, a theme or a style change."""
-        key: tuple[object, ...] = (self.size, self.app.theme, self.theme, self.replot_count, self.visual_style)
-        if key != self._lines_key:
-            self._lines_key = key
-            self._lines = {}
-        line = self._lines.get(y)
-        if line is None:
-            line = self._lines[y] = super().render_line(y)
-        return line
+        return Style(color=RichColor.from_rgb(*Color.parse(value).rgb))
 
     def replot(self) -> None:
-        """Rebuild the figure from the stored data now (the timer calls this; tests may too)."""
+        """Take the stored data into the figure now (the timer calls this; tests may too): the y scales
+        follow the data in the window, and the next frame draws it."""
         self._dirty = False
         self.replot_count += 1
-        plt = self.plt
-        plt.clear_data()
+        self._last_replot = time.monotonic()
         start, end = self._now - self.window_s, self._now
-        buckets = max(10, self.size.width - 12)
-        ticks = 5 if self.size.height >= 16 else 3 if self.size.height >= 8 else 2
-        by_source: dict[str, list[tuple[float, float]]] = {}
-        accept: list[tuple[float, float]] = []
-        for p in self._points:
-            by_source.setdefault(p.source, []).append((p.at, p.tokens_per_s))
-            if p.accept_len is not None:
-                accept.append((p.at, p.accept_len))
         peak = max((p.tokens_per_s for p in self._points if start <= p.at <= end), default=0.0)
         self._y_top = max(self._y_top, nice_ceiling(peak * 1.1))
-        plt.ylim(0, self._y_top, yside="left")  # type: ignore[arg-type]
-        plt.yticks(*_ticks(self._y_top, ticks), yside="left")  # type: ignore[arg-type]
-        plt.xlim(-self.window_s, 0)
-        for source, series in sorted(by_source.items()):
-            xy = downsample(series, start, end, buckets)
-            if not xy:
-                continue
-            plt.plot(
-                [x - end for x, _ in xy],
-                [y for _, y in xy],
-                marker="braille",
-                color=self._colour(SOURCE_COLOURS.get(source, "secondary")),
-                label=f"{source} tok/s",
-            )
-        accept_xy = downsample(accept, start, end, buckets)
-        if accept_xy:
-            self._accept_top = max(self._accept_top, nice_ceiling(max(y for _, y in accept_xy) * 1.1))
-            plt.ylim(0, self._accept_top, yside="right")  # type: ignore[arg-type]
-            plt.yticks(*_ticks(self._accept_top, ticks), yside="right")  # type: ignore[arg-type]
-            plt.plot(
-                [x - end for x, _ in accept_xy],
-                [y for _, y in accept_xy],
-                marker="braille",
-                color=self._colour(ACCEPT_COLOUR),
-                yside="right",
-                label="accept len",
-            )
-        marker_colour = self._colour(MARKER_COLOUR)
-        visible = [m for m in self._markers if start <= m.at <= end]
-        column_s = self.window_s / buckets
-        for marker, (x, row, align) in zip(visible, marker_label_places(visible, start, end, column_s), strict=True):
-            plt.vline(marker.at - end, marker_colour)
-            plt.text(short_label(marker.label), x, self._y_top * row, color=marker_colour, alignment=align)
+        accept_peak = max((p.accept_len for p in self._points
+                           if p.accept_len is not None and start <= p.at <= end), default=None)
+        if accept_peak is not None:
+            self._accept_top = max(self._accept_top, nice_ceiling(accept_peak * 1.1))
         self.refresh()
+
+    def notify_style_update(self) -> None:
+        """Styles changed (a theme, a class, the CSS): draw again at the next frame."""
+        super().notify_style_update()
+        self._style_generation += 1
+
+    def render_line(self, y: int) -> Strip:
+        """Line y of the figure, drawn at the first line asked for after a replot, a resize, a theme or a style
+        change, and kept until the next. (The key leaves out rich_style: computing it walks the ancestors, and
+        any change of it comes with a style update.)"""
+        key: tuple[object, ...] = (self.size, self.app.theme, self.replot_count, self._style_generation)
+        if key != self._lines_key:
+            self._lines_key = key
+            self._canvas = self.draw(self.size.width, self.size.height)
+            self._lines = self._canvas.strips(self.rich_style)
+        if 0 <= y < len(self._lines):
+            return self._lines[y]
+        return Strip.blank(self.size.width, self.rich_style)
+
+    def text(self) -> str:
+        """The figure as plain text, one line per row (tests)."""
+        canvas = self.draw(self.size.width, self.size.height)
+        return "\n".join(canvas.row_text(row) for row in range(canvas.height))
+
+    def draw(self, width: int, height: int) -> BrailleCanvas:
+        """The figure on a canvas of `width` x `height` cells: a frame with y ticks (tokens/s left, acceptance
+        length right), a braille line per source, relaunch markers with their labels, x ticks in seconds
+        before now, the axis label and a legend at the top left. Before the first replot: the empty frame."""
+        canvas = BrailleCanvas(width, height)
+        drawn = self.replot_count > 0 and self._y_top > 0 and bool(self._points or self._markers)
+        has_xlabel = height >= 6
+        # frame top, frame bottom, x tick labels (once there is data), the x label (unless the chart is tiny)
+        plot_rows = height - 2 - (1 if drawn else 0) - (1 if has_xlabel else 0)
+        if plot_rows < 1 or width < 8:
+            return canvas
+        tick_count = 5 if height >= 16 else 3 if height >= 8 else 2
+        start, end = self._now - self.window_s, self._now
+        by_source: dict[str, list[tuple[float, float]]] = {}
+        accept: list[tuple[float, float]] = []
+        if drawn:
+            for p in self._points:
+                by_source.setdefault(p.source, []).append((p.at, p.tokens_per_s))
+                if p.accept_len is not None:
+                    accept.append((p.at, p.accept_len))
+        left_ticks = _ticks(self._y_top, tick_count) if drawn else ([], [])
+        right_ticks = _ticks(self._accept_top, tick_count) if accept and self._accept_top > 0 else ([], [])
+        left_w = max((len(label) for label in left_ticks[1]), default=0)
+        right_w = max((len(label) for label in right_ticks[1]), default=0)
+        plot_w = width - left_w - 2 - right_w
+        if plot_w < 4:
+            return canvas
+        x0, x1 = left_w, left_w + plot_w + 1  # the frame's columns; the plot is between them, rows 1..plot_rows
+        bottom = plot_rows + 1
+        canvas.frame(x0, 0, "┌")
+        canvas.frame(x1, 0, "┐")
+        canvas.frame(x0, bottom, "└")
+        canvas.frame(x1, bottom, "┘")
+        for col in range(x0 + 1, x1):
+            canvas.frame(col, 0, "─")
+            canvas.frame(col, bottom, "─")
+        for row in range(1, bottom):
+            canvas.frame(x0, row, "│")
+            canvas.frame(x1, row, "│")
+        if has_xlabel:
+            canvas.text(x0 + 1 + (plot_w - len(self.XLABEL)) // 2, height - 1, self.XLABEL)
+        if not drawn:
+            return canvas
+
+        def tick_row(fraction: float) -> int:
+            return 1 + round((1 - fraction) * (plot_rows - 1))
+
+        for (value, label) in zip(*left_ticks, strict=True):
+            row = tick_row(value / self._y_top)
+            canvas.frame(x0, row, "┤")
+            canvas.text(left_w - len(label), row, label)
+        for (value, label) in zip(*right_ticks, strict=True):
+            row = tick_row(value / self._accept_top)
+            canvas.frame(x1, row, "├")
+            canvas.text(x1 + 1, row, label)
+        x_ticks = 5 if plot_w >= 28 else 3 if plot_w >= 14 else 2
+        last_end = -1
+        for i in range(x_ticks):
+            col = x0 + 1 + round(i / (x_ticks - 1) * (plot_w - 1))
+            canvas.frame(col, bottom, "┬")
+            label = f"{-self.window_s + i * self.window_s / (x_ticks - 1):g}"
+            at = min(max(col - len(label) // 2, 0), width - len(label))
+            if at > last_end:
+                canvas.text(at, bottom + 1, label)
+                last_end = at + len(label)
+
+        def pixel(at: float, value: float, top: float) -> tuple[int, int]:
+            # on the same scale as the tick cells (a value at a tick lands in the tick's row), dots centred in cells
+            x = 2 * (x0 + 1) + round((at - start) / self.window_s * (plot_w - 1) * 2 + 0.5)
+            y = 4 + round((1 - min(max(value / top, 0.0), 1.0)) * (plot_rows - 1) * 4 + 1.5)
+            return x, y
+
+        def plot(series: list[tuple[float, float]], top: float, style: Style) -> None:
+            previous: tuple[int, int] | None = None
+            for at, value in downsample(series, start, end, plot_w):  # a point per column, lines between
+                point = pixel(at, value, top)
+                if previous is None:
+                    canvas.dot(*point, style)
+                else:
+                    canvas.line(*previous, *point, style)
+                previous = point
+
+        legend: list[tuple[str, Style]] = []
+        for source, series in sorted(by_source.items()):
+            style = self._colour(SOURCE_COLOURS.get(source, "secondary"))
+            plot(series, self._y_top, style)
+            legend.append((f"{source} tok/s", style))
+        if right_ticks[0]:
+            style = self._colour(ACCEPT_COLOUR)
+            plot(accept, self._accept_top, style)
+            legend.append(("accept len (right)", style))
+
+        marker_style = self._colour(MARKER_COLOUR)
+        visible = [m for m in self._markers if start <= m.at <= end]
+        column_s = self.window_s / plot_w
+        # The legend: a row per series when there is room for it and a marker label below, else one row.
+        legend_rows = len(legend) if plot_rows >= len(legend) + 2 else min(1, len(legend))
+        free_rows = max(1, bottom - 1 - legend_rows)
+        for index, (marker, (x, height_frac, align)) in enumerate(
+            zip(visible, marker_label_places(visible, start, end, column_s), strict=True)
+        ):
+            col = x0 + 1 + round((marker.at - start) / self.window_s * (plot_w - 1))
+            canvas.frame(col, 0, "┬", marker_style)
+            canvas.frame(col, bottom, "┴", marker_style)
+            for row in range(1, bottom):
+                canvas.frame(col, row, "│", marker_style)
+            label = short_label(marker.label)
+            label_col = x0 + 1 + round((x + self.window_s) / self.window_s * (plot_w - 1))
+            if align == "right":
+                label_col -= len(label) - 1
+            label_col = min(max(label_col, x0 + 1), x1 - len(label))
+            row = tick_row(height_frac)
+            if row <= legend_rows:  # below the legend, neighbours on different rows
+                row = min(legend_rows + 1 + index % free_rows, bottom - 1)
+            canvas.text(label_col, row, label, marker_style)
+
+        if legend_rows == len(legend):
+            for row, (label, style) in enumerate(legend, start=1):
+                canvas.text(x0 + 1, row, "⣿ ", style)
+                canvas.text(x0 + 3, row, label)
+        else:
+            col = x0 + 1
+            for label, style in legend:
+                text = f"{label} "[: max(0, x1 - col - 2)]
+                canvas.text(col, 1, "⣿ ", style)
+                canvas.text(col + 2, 1, text)
+                col += 2 + len(text)
+                if col >= x1 - 2:
+                    break
+        return canvas
+
+    def on_resize(self) -> None:
+        """A drawn chart replots at once at its new size (buckets and ticks follow the size; resizes are rare)."""
+        if self.replot_count and (self._points or self._markers):
+            self._dirty = True
+            self._flush()

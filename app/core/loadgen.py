@@ -190,6 +190,107 @@ async def stream_completion(
     return result
 
 
+_PROBE_TAIL = 4
+"""How many of a probe answer's last chunks are kept unparsed, to find the last one with text at the end."""
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    text = ""
+    for choice in chunk.get("choices") or []:
+        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+async def probe_completion(
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: str, max_tokens: int
+) -> RequestResult:
+    """One streaming completion timed for the probe, parsing only the chunks it needs.
+
+    The same figures as stream_completion's for decode tok/s (TTFT, latency to the last chunk with text,
+    tokens from usage.completion_tokens, errors) at a fraction of the cost: the stream is read as it arrives
+    (not line by line) and a chunk is parsed as JSON only until the first text (TTFT), when it carries usage or
+    an error, and at the end, from the newest back to the last one with text (latency). No ITL list, no
+    acceptance from meta_info (the probe plots neither). Without usage, `chunks` (the fallback count) counts the
+    chunks from the first with text to the last with text, all taken as text.
+    """
+    body: dict[str, object] = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True,
+    }
+    result = RequestResult(ok=False)
+    started = time.monotonic()
+    first_at: float | None = None
+    since_first = 0  # data chunks (not usage, not errors) from the first one with text on
+    tail: list[tuple[float, bytes]] = []  # the newest such chunks, unparsed
+    usage_tokens: int | None = None
+    buffer = b""
+    try:
+        async with session.post(f"{base_url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return result
+            done = False
+            async for data in response.content.iter_any():
+                lines = (buffer + data).split(b"\n")
+                buffer = lines.pop()
+                for raw in lines:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    now = time.monotonic()  # per chunk, as the full client's readline loop stamps them
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    if b'"error"' in payload or b'"completion_tokens"' in payload or first_at is None:
+                        try:
+                            chunk = json.loads(payload)
+                        except ValueError:
+                            continue
+                        if "error" in chunk:
+                            result.error = str(chunk["error"])[:200]
+                            return result
+                        usage = chunk.get("usage")
+                        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                            usage_tokens = int(usage["completion_tokens"])
+                            if not _chunk_text(chunk):
+                                continue
+                        if first_at is None:
+                            if not _chunk_text(chunk):
+                                continue
+                            first_at = now
+                    since_first += 1
+                    tail.append((now, payload))
+                    del tail[:-_PROBE_TAIL]
+                if done:
+                    break
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        result.error = str(exc) or type(exc).__name__
+        return result
+    last_at = first_at
+    for at, payload in reversed(tail):  # the newest chunk with text ends the decode window
+        try:
+            if _chunk_text(json.loads(payload)):
+                last_at = at
+                break
+        except ValueError:
+            pass
+        since_first -= 1
+    if first_at is not None:
+        result.ttft_s = first_at - started
+    result.latency_s = (last_at or time.monotonic()) - started
+    result.chunks = max(since_first, 0)
+    if usage_tokens is None:
+        result.usage_missing = True
+        result.output_tokens = result.chunks
+    else:
+        result.output_tokens = usage_tokens
+    result.ok = result.output_tokens > 0
+    if not result.ok and not result.error:
+        result.error = "no tokens in the answer"
+    return result
+
+
 async def probe_loop(
     base_url: str,
     model: str,
@@ -216,7 +317,7 @@ async def probe_loop(
     tokens = max_tokens
     async with aiohttp.ClientSession(timeout=timeout) as session:
         while True:
-            result = await stream_completion(session, base_url, model, prompt, tokens)
+            result = await probe_completion(session, base_url, model, prompt, tokens)
             if result.ok and result.decode_tps is not None:
                 window = (result.latency_s or 0.0) - (result.ttft_s or 0.0)
                 if window < min_decode_s and tokens < max_tokens * max_growth:

@@ -1,12 +1,13 @@
 """The Textual dashboard: one screen for the tuning loop, wired to a core Session.
 
 `create_app(profile, ...)` is the one factory the CLI and the tests use. The app reads the Session's
-state at 4 Hz inside batch_update and pushes plain data to the widgets; keys call Session commands,
+state at 2 Hz inside batch_update and pushes plain data to the widgets; keys call Session commands,
 which run in the background (one at a time). Quitting never touches the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import tomllib
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,14 +49,17 @@ from widgets import (
     ToggleRow,
 )
 
-UI_PERIOD_S = 0.25
-CHART_PERIOD_S = 1.0
-"""The chart replots at most once a second (ARCHITECTURE: 1-2 Hz). A replot (plotext's figure, its ANSI text
-parsed, turned into strips) is the dashboard's single largest cost, about half its CPU at 2 Hz with the probe on."""
+UI_PERIOD_S = 0.5
+"""The UI pushes the Session's state at 2 Hz (STYLE: 2-4 Hz): at 4 Hz, with 8 GPUs changing figures every sample,
+each tick's restyled cells and the screen update after it were about a third of the dashboard's CPU. A key does
+not wait for the tick: its action pushes what it changed at once (see _refresh_soon)."""
+CHART_PERIOD_S = 2.0
+"""The chart replots at most every 2 s (ARCHITECTURE: at most 1-2 Hz). A replot is the dashboard's single largest
+cost; its x axis spans 5 minutes, so a plot column is ~2.8 s wide and a faster replot would move little."""
 STALE_PERIOD_FLOOR_S = 0.5
-"""The GPU panel marks a row stale after two sample periods, but never under two of these (1 s): at 4 Hz the
-UI's own tick is a quarter second and a tick's process-list query can hold a sample about a period, so two
-periods of 0.25 s flapped rows between stale and live under load (each flap restyles every cell)."""
+"""The GPU panel marks a row stale after two sample periods, but never under two of these (1 s): a tick's
+process-list query can hold a sample about a period, so two periods of 0.25 s flapped rows between stale and live
+under load (each flap restyles every cell)."""
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
 
 
@@ -98,6 +102,8 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self.keymap_file = keymap_file
         self._pushed_snapshot: object = None  # what was last pushed to the widgets (see _refresh_view)
         self._chart_key: object = None
+        self._pushed_server: object = None  # the (ServerView, now) and toggle rows last pushed: unchanged, not pushed
+        self._pushed_rows: list[ToggleRow] | None = None
         self._figures_key: object = None
         self._figures = ""
         self._last_event: ActionLogged | None = None
@@ -113,7 +119,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             yield ServerPanel(id="server")
             with Vertical(id="right"):
                 yield FlagsPanel(id="flags")
-                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S)
+                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S, own_timer=False)
         yield EventLog(id="events")
         yield Footer()
 
@@ -143,7 +149,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
 
     # ---- pushing state to widgets ----------------------------------------------------------------
     def refresh_view(self) -> None:
-        """Push the Session's newest state to the widgets (the 4 Hz timer, and after a key)."""
+        """Push the Session's newest state to the widgets (the 2 Hz timer, and after a key)."""
         try:
             self._refresh_view()
         except (NoMatches, ScreenStackError):
@@ -168,8 +174,15 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
                 gpus.update(session.snapshot, time.monotonic(), period_s)
             else:
                 gpus.set_ages(time.monotonic(), period_s)
-            self.query_one(ServerPanel).update(self._server_view(), now_wall)
-            self.query_one(FlagsPanel).update(self._toggle_rows())
+            # on whole wall-clock seconds: the panel's ages change together, once a second (format_duration)
+            server = (self._server_view(int(now_wall)), int(now_wall))
+            if server != self._pushed_server:
+                self._pushed_server = server
+                self.query_one(ServerPanel).update(*server)
+            rows = self._toggle_rows()
+            if rows != self._pushed_rows:
+                self._pushed_rows = rows
+                self.query_one(FlagsPanel).update(rows)
             self._push_chart(now_wall)
             self._push_events()
             busy = f" · {session.busy}…" if session.busy else ""
@@ -185,9 +198,13 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         if key != self._chart_key:
             self._chart_key = key
             chart.update(list(points), now_wall, [RelaunchMarker(m.at, m.text) for m in markers], version=key)
+        # The chart's redraws (a replot and the figures line) happen together every CHART_PERIOD_S, in the first tick
+        # of a wall-clock second, where the server panel's ages change too: one screen update carries them all
+        # (changes in separate ticks cost a screen update each, and a redraw of the chart's region).
         life = session.lifecycle
-        figures_key = (key, life.state, life.state_since, int(now_wall))
+        figures_key = (life.state, life.state_since, int(now_wall // CHART_PERIOD_S))
         if figures_key != self._figures_key:
+            chart.flush()
             self._figures_key = figures_key
             text = (_latest_figures(points, now_wall, since=life.state_since)
                     if life.state == ServerState.READY else "")
@@ -209,22 +226,24 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
 
     def _push_flags(self) -> None:
         try:
-            self.query_one(FlagsPanel).update(self._toggle_rows())
+            self._pushed_rows = self._toggle_rows()
+            self.query_one(FlagsPanel).update(self._pushed_rows)
         except NoMatches:
             pass
 
-    def _server_view(self) -> ServerView:
+    def _server_view(self, now_s: int) -> ServerView:
+        """What the server panel shows; times on whole seconds of the wall clock (`now_s`, int(time.time()))."""
         life = self.session.lifecycle
         record = life.record
         live = life.state not in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED)
         fatal = life.fatal
         return ServerView(
             state=life.state,
-            since=life.state_since,
+            since=int(life.state_since),
             pid=record.pid if record and live else None,
             pgid=record.pgid if record and live else None,
             port=self.session.profile.port,
-            uptime_s=(time.time() - record.launched_at) if record and live else None,
+            uptime_s=(now_s - int(record.launched_at)) if record and live else None,
             backend=self.session.profile.backend,
             version=self.session.server_version,
             model=self.session.profile.model,
@@ -258,11 +277,20 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             self._log_shown = len(lines)
 
     # ---- actions ---------------------------------------------------------------------------------
+    def _refresh_soon(self) -> None:
+        """Push the state once a command started by a key has taken its first steps, not at the next tick.
+
+        run_command starts the command as a task; a callback scheduled after it runs after the task's first
+        step (asyncio runs ready callbacks in order), when `busy` and the command's first event log line are
+        set."""
+        asyncio.get_running_loop().call_soon(self.refresh_view)
+
     def _command(self, name: str, factory: object) -> None:
         try:
             self.session.run_command(name, factory)  # type: ignore[arg-type]
         except ReadOnlyError as exc:
             self.notify(str(exc), severity="warning")
+        self._refresh_soon()
 
     def action_press_toggle(self, key: str) -> None:
         toggle = self.session.profile.toggle(key)
@@ -299,6 +327,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
 
     def action_probe(self) -> None:
         self.session.set_probe(not self.session.probe_wanted)
+        self.refresh_view()
 
     def action_undo(self) -> None:
         self.session.undo_pending()

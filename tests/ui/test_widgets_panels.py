@@ -348,10 +348,26 @@ async def test_chart_replots_only_on_new_data_and_throttled() -> None:
         chart.update([*points, ThroughputPoint(1100.0, 300.0, "probe")], now=1100.0)
         await pilot.pause(0.5)
         assert chart.replot_count == 2
-        rendered = chart.plt.build()
+        rendered = chart.text()
         assert "steps 1 -> 3" in rendered
         assert "probe tok/s" in rendered
         assert "accept len" in rendered
+
+
+async def test_chart_driven_by_its_owner_replots_only_on_flush_and_throttled() -> None:
+    chart = ThroughputChart(window_s=300.0, min_interval_s=2.0, own_timer=False)
+    app = Host(chart)
+    async with app.run_test(size=(80, 24)) as pilot:
+        chart.update([ThroughputPoint(1000.0, 100.0, "probe")], now=1000.0)
+        await pilot.pause(0.1)
+        assert chart.replot_count == 0 and chart.dirty  # no timer of its own
+        assert chart.flush(now=50.0) and chart.replot_count == 1
+        assert not chart.flush(now=50.1)  # nothing new
+        chart.update([ThroughputPoint(1000.0, 100.0, "probe"), ThroughputPoint(1001.0, 90.0, "probe")], now=1001.0)
+        assert not chart.flush(now=chart._last_replot + 1.0)  # too soon: stays dirty
+        assert chart.dirty
+        assert chart.flush(now=chart._last_replot + 2.0) and chart.replot_count == 2
+        assert "probe tok/s" in chart.text()
 
 
 async def test_chart_waits_while_a_modal_covers_it() -> None:

@@ -18,7 +18,9 @@ from app.core.loadgen import (
     PromptFileError,
     build_prompts,
     percentile,
+    probe_completion,
     run_bench,
+    stream_completion,
 )
 from app.core.model import DecodeStats, LogLine
 
@@ -118,6 +120,26 @@ async def test_errors_are_counted_and_kept(server):
     assert s.completed == 6 and s.output_tokens == 6 * 6
     assert any("HTTP 500" in k for k in s.error_kinds) and any("engine died" in k for k in s.error_kinds)
     assert any("6 of 12 requests failed" in w for w in s.warnings)
+
+
+async def test_probe_parses_few_chunks_and_agrees_with_the_full_client(server):
+    """The probe's reader (few chunks parsed) gives the full client's tokens, chunks and timing order."""
+    import aiohttp
+
+    url, script = server
+    async with aiohttp.ClientSession() as session:
+        full = await stream_completion(session, url, "m", "p", 20)
+        probe = await probe_completion(session, url, "m", "p", 20)
+        assert probe.ok and probe.output_tokens == full.output_tokens == 20  # usage, not 7 chunks
+        assert probe.chunks == full.chunks == 7 and not probe.usage_missing
+        assert probe.ttft_s is not None and probe.latency_s is not None and 0 < probe.ttft_s <= probe.latency_s
+        assert probe.decode_tps is not None
+        script.usage = False
+        fallback = await probe_completion(session, url, "m", "p", 9)
+        assert fallback.usage_missing and fallback.output_tokens == 3  # chunks, as the full client counts
+        script.usage, script.midstream_error_every = True, 1
+        broken = await probe_completion(session, url, "m", "p", 9)
+        assert not broken.ok and "engine died" in broken.error
 
 
 async def test_unreachable_server_is_an_error_per_request_not_a_crash():
