@@ -283,6 +283,11 @@ class GpuPanel(Widget):
         yield Static(classes="gpu-error", markup=False)
         yield Static("waiting for the first sample…", classes="gpu-empty")
 
+    def show_placeholder(self, text: str) -> None:
+        """What the panel says while it has no rows ("no GPUs in this profile" instead of waiting for a sample)."""
+        for static in self.query(".gpu-empty").results(Static):
+            static.update(text)
+
     @property
     def rows(self) -> dict[str, GpuRow]:
         """The mounted rows by GPU uuid."""

@@ -138,9 +138,16 @@ class Session:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    @property
+    def samples_gpus(self) -> bool:
+        """Whether this session samples GPUs: not for a profile without GPUs (`gpus = []`, e.g. vLLM on CPU), whose
+        host may have no nvidia-smi at all."""
+        return bool(self.profile.gpus)
+
     async def start(self) -> None:
         """Re-attach to a running server of this profile (its flags become the running ones) and sample."""
-        self._telemetry_task = asyncio.create_task(self._sample_gpus())
+        if self.samples_gpus:
+            self._telemetry_task = asyncio.create_task(self._sample_gpus())
         self._spawn(self._discover_flags())
         record = None
         with contextlib.suppress(Exception):

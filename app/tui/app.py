@@ -25,8 +25,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from app.core.flags import toggle_value
-from app.core.hosts.base import Host
-from app.core.lifecycle import ActionLogged
+from app.core.hosts.base import ConnectionChanged, Host
+from app.core.lifecycle import ActionLogged, LifecycleEvent
 from app.core.model import ServerState, ThroughputPoint
 from app.core.profile import Profile
 from app.core.session import ReadOnlyError, Session
@@ -107,6 +107,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self._figures_key: object = None
         self._figures = ""
         self._last_event: ActionLogged | None = None
+        self._connection_state: str | None = None  # the last connection state toasted
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._keymap: dict[str, str] = {}
@@ -130,6 +131,9 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         for toggle in profile.toggles:
             self.bind(toggle.key, f"press_toggle('{toggle.key}')", description=toggle.label)
         self._load_keymap()
+        if not self.session.samples_gpus:
+            self.query_one(GpuPanel).show_placeholder(NO_GPUS)
+        self.session.subscribe(self._on_session_event)
         self.run_worker(self.session.start(), name="session start", exit_on_error=False)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
 
@@ -188,7 +192,23 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             busy = f" · {session.busy}…" if session.busy else ""
             probe = " · probe on" if session.probe_wanted else ""
             base = "READ-ONLY" if session.readonly else session.profile.backend
-            self.sub_title = f"{base}{probe}{busy}"
+            self.sub_title = f"{base}{probe}{busy}{connection_note(session.connection, now_wall)}"
+
+    # ---- core events ---------------------------------------------------------------------------
+    def _on_session_event(self, event: LifecycleEvent) -> None:
+        """The Session's listener: a toast on each change of a remote host's connection state (the header
+        says the state until it is connected again; the event log has the details)."""
+        if not isinstance(event, ConnectionChanged) or event.state == self._connection_state:
+            return
+        first = self._connection_state is None
+        self._connection_state = event.state
+        if first and event.state == "connected":
+            return  # the first connection of a session is no news
+        severity: Literal["information", "warning", "error"] = (
+            "information" if event.state == "connected" else "error" if event.state == "failed" else "warning")
+        self.notify(event.detail or f"connection {event.state}", title=f"{event.host}: connection {event.state}",
+                    severity=severity, timeout=6 if event.state == "connected" else 10)
+        self.refresh_view()
 
     def _push_chart(self, now_wall: float) -> None:
         session = self.session
@@ -376,6 +396,20 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
     async def action_quit(self) -> None:
         await self.session.stop()
         self.exit()
+
+
+NO_GPUS = "no GPUs in this profile"
+"""The GPU panel's text for a profile with `gpus = []`: the session samples nothing (the host may have no
+nvidia-smi, e.g. vLLM on CPU)."""
+
+
+def connection_note(connection: ConnectionChanged | None, now: float) -> str:
+    """The header's note on a remote host's connection: "" while connected (or local), else its state and for how
+    long the host has been unreachable: " · connection lost 12 s"."""
+    if connection is None or connection.state == "connected":
+        return ""
+    since = connection.since if connection.since is not None else connection.at
+    return f" · connection {connection.state} {max(0, int(now - since))} s"
 
 
 def _latest_figures(points: Sequence[ThroughputPoint], now: float, window_s: float = 30.0, since: float = 0.0) -> str:
