@@ -163,6 +163,7 @@ class GpuRow(Widget):
         self.index = sample.index
         self.taken_at = sample.taken_at
         self._shown: dict[str, CellText] = {}
+        self._shown_age_text = ""
         self._sample = sample
         self._composed = False
         self._cells_ready = False  # set once the cells are found mounted (a query per show cost more than the show)
@@ -235,7 +236,9 @@ class GpuRow(Widget):
         if self._shown.get("age") != cell and self._composed and self._cells_mounted():
             self._shown["age"] = cell
             static = self._statics["age"]
-            static.update(cell.text, layout=False)  # fixed-size one-line cells: no layout pass
+            # The age cell is as wide as its text: lay out again only when it appears or goes.
+            static.update(cell.text, layout=(not self._shown_age_text) != (not cell.text))
+            self._shown_age_text = cell.text
             static.tooltip = cell.tooltip
 
     def on_click(self, event: Click) -> None:

@@ -236,7 +236,8 @@ class Session:
             self.changed.set()
 
         def on_error(message: str) -> None:
-            if self.lifecycle.state == ServerState.READY:
+            connected = self.connection is None or self.connection.state == "connected"
+            if self.lifecycle.state == ServerState.READY and connected:  # an outage is said once, not per request
                 self._note(f"probe request failed: {message}", "warning")
 
         async def probe() -> None:

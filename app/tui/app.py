@@ -395,6 +395,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
 
     async def action_quit(self) -> None:
         await self.session.stop()
+        await self.session.host.close()  # an SSH connection; nothing for the local host
         self.exit()
 
 

@@ -6,7 +6,7 @@ sshd), HOME holds only the client key and known_hosts (no ssh-agent), and the da
 rows from the remote nvidia-smi, the probe through the SSH port forward (p), a toggle and r relaunch with the
 new flag, q, a second dashboard re-attaches to the same server, k y kill to FREE; afterwards nothing it
 streamed is left running on the host. Then the unknown-host-key prompt (yes: trusted and connected; no: not
-asked again), and a connection loss shown as stale rows (xfail until the age cell gets its width back).
+asked again), and a connection loss shown as stale rows with their age.
 """
 
 from __future__ import annotations
@@ -214,8 +214,6 @@ async def test_a_declined_host_key_is_not_asked_again(
     assert not (home / ".ssh" / "known_hosts").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="app/tui/dashboard.tcss gives GpuRow .gpu-age `width: auto`, and GpuRow.set_age "
-                   "updates it with layout=False, so the 'stale 4.1s' cell keeps the width 0 of its first, empty text")
 async def test_connection_loss_shows_each_gpu_row_stale_with_its_age(remote: Profile, sshd: Sshd) -> None:  # noqa: F811
     app = create_app(remote, keymap_file=None)
     try:
