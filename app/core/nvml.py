@@ -135,6 +135,20 @@ class NvmlTelemetry:
                 backoff = self._backoff_s[0]
             await asyncio.sleep(delay)
 
+    def for_release(self, process_interval_s: float) -> NvmlTelemetry:
+        """A sibling that reads the process list as often as memory, for confirm-free after a kill.
+
+        NVML counts nvmlInit/nvmlShutdown pairs, so the sibling's own init and close leave this one working.
+        """
+        return NvmlTelemetry(
+            self.indices,
+            nvml=self._nvml,
+            proc_root=str(self._proc_root),
+            process_interval_s=process_interval_s,
+            backoff_s=self._backoff_s,
+            clock=self._clock,
+        )
+
     async def close(self) -> None:
         """nvmlShutdown, once, if nvmlInit succeeded."""
         async with self._lock:

@@ -333,6 +333,22 @@ async def test_process_list_is_read_at_most_every_interval(proc: Path) -> None:
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 2
 
 
+async def test_the_release_sibling_sees_a_process_leave_at_once(proc: Path) -> None:
+    clock = Clock()
+    fake = FakeNvml()
+    fake.context = True
+    dashboard = telemetry(fake, proc, clock=clock, process_interval_s=1.0)
+    assert (await dashboard.sample()).gpus[0].processes
+    release = dashboard.for_release(0.05)
+    assert (await release.sample()).gpus[0].processes
+    clock.now += 0.06
+    fake.context = False  # the server was killed: the dashboard's list is not due for a second
+    assert (await dashboard.sample()).gpus[0].processes
+    assert (await release.sample()).gpus[0].processes == ()
+    await release.close()
+    assert (await dashboard.sample()).error is None  # the sibling's close leaves the dashboard's NVML open
+
+
 def test_process_names_from_cmdline_then_comm_then_unknown(tmp_path: Path) -> None:
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "cmdline").write_bytes(b"")  # kernel thread or zombie
