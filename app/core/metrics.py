@@ -26,6 +26,8 @@ class MetricNames:
     """The counter names of one backend (bare names: the parser sums the labelled series under them)."""
 
     generation: str
+    generation_label: str | None = None  # only the series carrying this label text, e.g. 'mode="decode"'
+    fallback_generation: str | None = None  # used when the server has no `generation` counter (older versions)
     accepted: str | None = None  # spec decode: accepted draft tokens
     drafts: str | None = None  # spec decode: number of draft proposals (verify steps)
     draft_tokens: str | None = None  # spec decode: proposed draft tokens
@@ -40,7 +42,15 @@ COUNTERS = {
         draft_tokens="vllm:spec_decode_num_draft_tokens_total",
         running="vllm:num_requests_running",
     ),
-    "sglang": MetricNames(generation="sglang:generation_tokens_total", running="sglang:num_running_reqs"),
+    # SGLang 0.5.9+: realtime_tokens_total{mode="decode"} grows every decode step (accepted draft tokens
+    # included); generation_tokens_total grows only when a request finishes, so a 2 s window of a long
+    # request reads 0 tok/s. Older servers only have the latter (servers.md section 4).
+    "sglang": MetricNames(
+        generation="sglang:realtime_tokens_total",
+        generation_label='mode="decode"',
+        fallback_generation="sglang:generation_tokens_total",
+        running="sglang:num_running_reqs",
+    ),
 }
 
 
@@ -93,6 +103,26 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str | 
     return delta if delta >= 0 else None
 
 
+def _series(values: Mapping[str, float], name: str, label: str | None) -> float | None:
+    """A counter's value: the bare name (all series summed), or the sum of the series carrying `label`."""
+    if label is None:
+        return values.get(name)
+    picked = [v for key, v in values.items() if key.startswith(name + "{") and label in key]
+    return sum(picked) if picked else None
+
+
+def _generation_delta(before: Mapping[str, float], after: Mapping[str, float], names: MetricNames) -> float | None:
+    """Generated tokens between two readings, from the first counter both readings have; None on a reset."""
+    candidates = [(names.generation, names.generation_label)]
+    if names.fallback_generation:
+        candidates.append((names.fallback_generation, None))
+    for name, label in candidates:
+        old, new = _series(before, name, label), _series(after, name, label)
+        if old is not None and new is not None:
+            return new - old if new >= old else None
+    return None
+
+
 def spec_decode_totals(
     before: Mapping[str, float], after: Mapping[str, float], backend: str
 ) -> SpecDecodeTotals | None:
@@ -114,8 +144,8 @@ def rate_between(before: MetricsReading, after: MetricsReading, backend: str) ->
     window = after.monotonic - before.monotonic
     if names is None or window <= 0:
         return None
-    tokens = _delta(before.values, after.values, names.generation)
-    if tokens is None or names.generation not in before.values:
+    tokens = _generation_delta(before.values, after.values, names)
+    if tokens is None:
         return None
     spec = spec_decode_totals(before.values, after.values, backend)
     running = after.values.get(names.running) if names.running else None
