@@ -161,7 +161,14 @@ class LocalHost(Host):
                 f"{self.name}: could not start `{argv[0]}` detached: {result.stderr.strip() or result.stdout}"
             )
         pid = int(result.stdout.strip())
+        # `$!` can be printed before the child's setsid() ran: wait (briefly) until it leads its own group,
+        # so that what we return is true at once (group_alive, signal_group on the pgid).
         info = _read_stat(pid)
+        for _ in range(200):
+            if info is None or info.pgid == pid:
+                break
+            await asyncio.sleep(0.005)
+            info = _read_stat(pid)
         return SpawnedProcess(pid=pid, pgid=pid, start_time=info.start_time if info else "")
 
     async def signal_group(self, pgid: int, signal_number: int) -> bool:

@@ -318,8 +318,13 @@ class SshHost(Host):
                 f"{self.name}: could not start `{argv[0]}` detached: {result.stderr.strip() or result.stdout}"
             )
         pid = int(result.stdout.strip())
-        stat = await self.run(["cat", f"/proc/{pid}/stat"], timeout=10.0)
-        info = parse_stat_line(stat.stdout) if stat.returncode == 0 else None
+        info = None
+        for _ in range(20):  # `$!` can come before the child's setsid(): wait until it leads its group
+            stat = await self.run(["cat", f"/proc/{pid}/stat"], timeout=10.0)
+            info = parse_stat_line(stat.stdout) if stat.returncode == 0 else None
+            if info is None or info.pgid == pid:
+                break
+            await asyncio.sleep(0.01)
         return SpawnedProcess(pid=pid, pgid=pid, start_time=info.start_time if info else "")
 
     async def signal_group(self, pgid: int, signal_number: int) -> bool:
