@@ -152,12 +152,12 @@ async def stream_completion(
                     chunk = json.loads(payload)
                 except ValueError:
                     continue
-                if "error" in chunk:
-                    result.error = str(chunk["error"])[:200]
+                error, tokens_so_far = _error_and_usage(chunk)
+                if error:
+                    result.error = error
                     return result
-                usage = chunk.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    usage_tokens = int(usage["completion_tokens"])
+                if tokens_so_far is not None:
+                    usage_tokens = tokens_so_far
                 meta = chunk.get("meta_info")
                 if isinstance(meta, dict) and meta.get("spec_verify_ct"):
                     tokens = meta.get("completion_tokens") or usage_tokens
@@ -192,6 +192,16 @@ async def stream_completion(
 
 _PROBE_TAIL = 4
 """How many of a probe answer's last chunks are kept unparsed, to find the last one with text at the end."""
+
+
+def _error_and_usage(chunk: dict[str, Any]) -> tuple[str, int | None]:
+    """An SSE chunk's error text ("" when none) and its usage.completion_tokens (None when absent)."""
+    if "error" in chunk:
+        return str(chunk["error"])[:200], None
+    usage = chunk.get("usage")
+    if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+        return "", int(usage["completion_tokens"])
+    return "", None
 
 
 def _chunk_text(chunk: dict[str, Any]) -> str:
@@ -247,12 +257,12 @@ async def probe_completion(
                             chunk = json.loads(payload)
                         except ValueError:
                             continue
-                        if "error" in chunk:
-                            result.error = str(chunk["error"])[:200]
+                        error, tokens_so_far = _error_and_usage(chunk)
+                        if error:
+                            result.error = error
                             return result
-                        usage = chunk.get("usage")
-                        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                            usage_tokens = int(usage["completion_tokens"])
+                        if tokens_so_far is not None:
+                            usage_tokens = tokens_so_far
                             if not _chunk_text(chunk):
                                 continue
                         if first_at is None:
