@@ -24,12 +24,12 @@ import tempfile
 from pathlib import Path
 
 from app.connect import host_for
-from app.core.experiment import Experiment, ExperimentSpec, parse_arm
-from app.core.lifecycle import ServerLifecycle
-from app.core.loadgen import BenchSpec
-from app.core.profile import load_profile
-from app.core.stats import ratio_stats
-from app.core.telemetry import telemetry_for
+from app.core.measure.experiment import Experiment, ExperimentSpec, parse_arm
+from app.core.measure.loadgen import BenchSpec
+from app.core.measure.stats import ratio_stats
+from app.core.profiles.loading import load_profile
+from app.core.server.lifecycle import ServerLifecycle
+from app.core.telemetry.smi import telemetry_for
 from app.sim.host_env import reset_state
 
 BENCH = BenchSpec(requests=6, concurrency=3, input_len=32, max_tokens=48, warmup=1)

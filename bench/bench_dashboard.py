@@ -43,8 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.connect import host_for
-from app.core.model import GpuSnapshot, ServerState
-from app.core.profile import Profile, load_profile
+from app.core.data import GpuSnapshot, ServerState
+from app.core.profiles.loading import Profile, load_profile
 from app.core.session import Session
 from app.sim.host_env import reset_state
 from app.tui.app import TunedashApp
@@ -284,8 +284,8 @@ async def main() -> None:
         folder = Path(tmp)
         profile = make_profile(folder)
         try:
-            from app.core.lifecycle import ServerLifecycle
-            from app.core.telemetry import telemetry_for
+            from app.core.server.lifecycle import ServerLifecycle
+            from app.core.telemetry.smi import telemetry_for
 
             host = host_for(profile)
             lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus))

@@ -37,11 +37,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.connect import host_for
-from app.core.freecheck import DEFAULT_TOLERANCE_MIB
-from app.core.lifecycle import LifecycleEvent, ServerLifecycle, StateChanged
-from app.core.model import ServerState
-from app.core.profile import apply_overrides, load_profile
-from app.core.telemetry import telemetry_for
+from app.core.data import ServerState
+from app.core.profiles.loading import apply_overrides, load_profile
+from app.core.server.lifecycle import LifecycleEvent, ServerLifecycle, StateChanged
+from app.core.telemetry.freecheck import DEFAULT_TOLERANCE_MIB
+from app.core.telemetry.smi import telemetry_for
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20

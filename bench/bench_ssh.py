@@ -39,8 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.core.hosts.ssh import SshHost
-from app.core.smi import GPU_FIELDS, GPU_LOOP_FIELDS, gpu_query_argv
-from app.core.telemetry import SmiTelemetry
+from app.core.telemetry.smi import SmiTelemetry
+from app.core.telemetry.smi_parse import GPU_FIELDS, GPU_LOOP_FIELDS, gpu_query_argv
 from app.sim.host_env import reset_state, sim_environment
 from tests.integration.sshd import Sshd, running_sshd, sshd_available
 

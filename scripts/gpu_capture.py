@@ -3,7 +3,7 @@
 
     python3 scripts/gpu_capture.py OUTDIR LABEL
 
-Writes OUTDIR/LABEL_query_gpu.csv (tunedash's own --query-gpu fields, app.core.smi.GPU_FIELDS),
+Writes OUTDIR/LABEL_query_gpu.csv (tunedash's own --query-gpu fields, app.core.telemetry.smi_parse.GPU_FIELDS),
 OUTDIR/LABEL_query_gpu_reserved.csv (index, memory.used, memory.reserved, memory.free, memory.total),
 OUTDIR/LABEL_compute_apps.csv (tunedash's --query-compute-apps fields) and OUTDIR/LABEL_nvml.json (NVML
 v1 and v2 memory in bytes, the compute processes with their bytes, driver and library versions), each
@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.core.smi import apps_query_argv, gpu_query_argv
+from app.core.telemetry.smi_parse import apps_query_argv, gpu_query_argv
 
 RESERVED_FIELDS = ("index", "memory.used", "memory.reserved", "memory.free", "memory.total")
 

@@ -20,7 +20,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.core.model import GpuSample, GpuSnapshot, TelemetryError
+from app.core.data import GpuSample, GpuSnapshot, TelemetryError
 
 NA = "n/a"
 """What a value that could not be read shows as."""

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.core.model import ServerState
+from app.core.data import ServerState
 from widgets.gpu_panel import NA, format_age
 
 

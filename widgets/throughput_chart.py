@@ -25,7 +25,7 @@ from textual.color import Color
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.core.model import ThroughputPoint
+from app.core.data import ThroughputPoint
 from widgets.braille_canvas import BrailleCanvas
 
 

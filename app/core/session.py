@@ -16,11 +16,16 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core import driver, jobs
-from app.core.discovery import ServerFlags, discover_flags
-from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
+from app.core.data import DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats, ThroughputPoint
+from app.core.flags.discovery import ServerFlags, discover_flags
+from app.core.flags.rules import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
 from app.core.hosts.base import ConnectionChanged, Host, HostError
-from app.core.lifecycle import (
+from app.core.measure.http_probes import server_info
+from app.core.measure.loadgen import probe_loop
+from app.core.measure.metrics import MetricsPoller, MetricsRate
+from app.core.profiles.loading import FlagChange, Profile, describe_change, flag_diff, launch_argv, launch_env
+from app.core.server import driver, jobs
+from app.core.server.lifecycle import (
     ActionLogged,
     LaunchRefused,
     LifecycleEvent,
@@ -28,12 +33,7 @@ from app.core.lifecycle import (
     ServerLogEvent,
     StateChanged,
 )
-from app.core.loadgen import probe_loop
-from app.core.metrics import MetricsPoller, MetricsRate
-from app.core.model import DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats, ThroughputPoint
-from app.core.probes import server_info
-from app.core.profile import FlagChange, Profile, describe_change, flag_diff, launch_argv, launch_env
-from app.core.telemetry import Telemetry, telemetry_for
+from app.core.telemetry.smi import Telemetry, telemetry_for
 
 
 class ReadOnlyError(Exception):
@@ -64,7 +64,7 @@ class Session:
         take_over: bool = False,
     ) -> None:
         self.host = host
-        self.take_over = take_over  # drive a server someone else drives (app.core.driver)
+        self.take_over = take_over  # drive a server someone else drives (app.core.server.driver)
         self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
@@ -88,7 +88,7 @@ class Session:
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._command_task: asyncio.Task[None] | None = None
-        # /metrics and the installed server's flags (app.core.metrics, app.core.discovery)
+        # /metrics and the installed server's flags (app.core.measure.metrics, app.core.flags.discovery)
         self.metrics_period_s = 2.0
         self.last_metrics: MetricsRate | None = None
         self.server_flags: ServerFlags | None = None  # None until discovered

@@ -24,11 +24,11 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.core.flags import toggle_value
+from app.core.data import ServerState, ThroughputPoint
+from app.core.flags.rules import toggle_value
 from app.core.hosts.base import ConnectionChanged, Host
-from app.core.lifecycle import ActionLogged, LifecycleEvent
-from app.core.model import ServerState, ThroughputPoint
-from app.core.profile import Profile
+from app.core.profiles.loading import Profile
+from app.core.server.lifecycle import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.tui.bench import BenchKeys
 from app.tui.commands import FlagCommands

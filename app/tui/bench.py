@@ -22,13 +22,13 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
 from textual.worker import Worker, WorkerState
 
-from app.core.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
-from app.core.lifecycle import LifecycleEvent, ServerLogEvent
-from app.core.loadgen import AcceptanceMeter, BenchSpec, RequestResult, run_bench
-from app.core.model import ServerState
-from app.core.profile import Profile, describe_change, profile_diff
-from app.core.report import arm_rows, bench_rows, run_json
-from app.core.store import HistoryStore, StoreError
+from app.core.data import ServerState
+from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
+from app.core.measure.loadgen import AcceptanceMeter, BenchSpec, RequestResult, run_bench
+from app.core.measure.report import arm_rows, bench_rows, run_json
+from app.core.measure.store import HistoryStore, StoreError
+from app.core.profiles.loading import Profile, describe_change, profile_diff
+from app.core.server.lifecycle import LifecycleEvent, ServerLogEvent
 
 if TYPE_CHECKING:
     from app.core.session import Session

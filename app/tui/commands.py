@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from app.core.flags import FlagError, FlagSpec, format_value, get_flag, offered_catalog, parse_value
+from app.core.flags.rules import FlagError, FlagSpec, format_value, get_flag, offered_catalog, parse_value
 from app.tui.value_prompt import ValuePrompt
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ class FlagCommands(Provider):
         return self.app  # type: ignore[return-value]
 
     def _specs(self) -> list[FlagSpec]:
-        """The catalog minus the flags the installed server rejects (its --help, app.core.discovery)."""
+        """The catalog minus the flags the installed server rejects (its --help, app.core.flags.discovery)."""
         session = self._app().session
         accepted = session.server_flags.flags if session.server_flags is not None else None
         return list(offered_catalog(session.profile.backend, accepted).values())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.store import DATA_DIR_ENV, HistoryStore
+from app.core.measure.store import DATA_DIR_ENV, HistoryStore
 from tests.integration.conftest import REPO, MakeProfile
 
 pytestmark = pytest.mark.slow

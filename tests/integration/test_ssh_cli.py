@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main as cli_main
+from app.cli.main import main as cli_main
 from app.sim.host_env import reset_state
 from tests.integration.conftest import REPO, free_port
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures

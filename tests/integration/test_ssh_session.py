@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from app.core import jobs
+from app.core.data import ServerState
 from app.core.hosts.base import ConnectionChanged
 from app.core.hosts.ssh import SshHost
-from app.core.lifecycle import LifecycleEvent, StateChanged
-from app.core.model import ServerState
-from app.core.profile import Profile, resolve_profile
+from app.core.profiles.loading import Profile, resolve_profile
+from app.core.server import jobs
+from app.core.server.lifecycle import LifecycleEvent, StateChanged
 from app.core.session import Session
 from app.sim.host_env import sim_environment
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures

@@ -20,7 +20,7 @@ from app.sim import gpu_state
 from .conftest import GroupReaper, smi, wait_for
 
 READY = "The server is fired up and ready to roll!"
-# Regexes from research/servers.md section 3 (what app/core/logwatch.py parses).
+# Regexes from research/servers.md section 3 (what app/core/logs/parser.py parses).
 PREFIX = re.compile(
     r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<ranks>(?: (?:DP|TP|PP|EP)\d+)*)\]\s"
 )

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from app.core.freecheck import Holder
+from app.core.data import FatalEvent, GpuProcess, GpuSample, GpuSnapshot, LogLine, Notice, ServerState, ThroughputPoint
 from app.core.hosts.local import LocalHost
-from app.core.jobs import JobRecord
-from app.core.lifecycle import ActionLogged
-from app.core.model import FatalEvent, GpuProcess, GpuSample, GpuSnapshot, LogLine, Notice, ServerState, ThroughputPoint
-from app.core.profile import Profile, load_profile
+from app.core.profiles.loading import Profile, load_profile
+from app.core.server.jobs import JobRecord
+from app.core.server.lifecycle import ActionLogged
 from app.core.session import RelaunchMarker, Session
+from app.core.telemetry.freecheck import Holder
 from app.tui.app import TunedashApp
 from widgets import ThroughputChart
 

@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal
 from textual.pilot import Pilot
 
-from app.core.model import GpuProcess, GpuSample, ServerState, ThroughputPoint
+from app.core.data import GpuProcess, GpuSample, ServerState, ThroughputPoint
 from widgets import (
     DiffScreen,
     EventEntry,

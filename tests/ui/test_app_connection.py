@@ -8,10 +8,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from app.core.data import GpuSnapshot
 from app.core.hosts.base import ConnectionChanged
 from app.core.hosts.local import LocalHost
-from app.core.model import GpuSnapshot
-from app.core.profile import Profile, load_profile
+from app.core.profiles.loading import Profile, load_profile
 from app.core.session import Session
 from app.sim.host_env import reset_state, sim_environment
 from app.tui.app import NO_GPUS, create_app

@@ -20,9 +20,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from app.core.lifecycle import LifecycleEvent, StateChanged
-from app.core.model import ServerState
-from app.core.profile import Profile, load_profile
+from app.core.data import ServerState
+from app.core.profiles.loading import Profile, load_profile
+from app.core.server.lifecycle import LifecycleEvent, StateChanged
 from app.sim.host_env import reset_state
 from app.tui.app import TunedashApp, create_app
 from app.tui.value_prompt import ValuePrompt

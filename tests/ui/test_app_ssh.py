@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 
-from app.core.model import ServerState
-from app.core.profile import Profile, resolve_profile
+from app.core.data import ServerState
+from app.core.profiles.loading import Profile, resolve_profile
 from app.tui.app import TunedashApp, create_app
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
 from tests.integration.test_ssh_cli import ssh_profile  # noqa: F401 - fixture

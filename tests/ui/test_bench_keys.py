@@ -15,9 +15,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
-from app.core.model import ServerState
-from app.core.profile import Profile, load_profile
-from app.core.store import DATA_DIR_ENV, HistoryStore
+from app.core.data import ServerState
+from app.core.measure.store import DATA_DIR_ENV, HistoryStore
+from app.core.profiles.loading import Profile, load_profile
 from app.sim.host_env import reset_state
 from app.tui.app import create_app
 from app.tui.bench import HistoryScreen, RunScreen

@@ -7,7 +7,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.core.model import GpuProcess, GpuSample, GpuSnapshot, ServerState, TelemetryError, ThroughputPoint
+from app.core.data import GpuProcess, GpuSample, GpuSnapshot, ServerState, TelemetryError, ThroughputPoint
 from widgets import (
     EventEntry,
     EventLog,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.flags import catalog, default_toggles
-from app.core.logwatch import LogParser
-from app.core.model import FatalEvent, PhaseEvent, ReadyEvent
-from app.core.profile import ProfileError, apply_overrides, health_url, launch_argv, parse_profile
+from app.core.data import FatalEvent, PhaseEvent, ReadyEvent
+from app.core.flags.rules import catalog, default_toggles
+from app.core.logs.parser import LogParser
+from app.core.profiles.loading import ProfileError, apply_overrides, health_url, launch_argv, parse_profile
 
 SOURCE = Path("/srv/profiles/mine.toml")
 BASE = 'backend = "custom"\nhost = "local"\ngpus = []\n'

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from app.core.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
-from app.core.loadgen import BenchSpec
-from app.core.model import ServerState
-from app.core.profile import ProfileError, load_profile
-from app.core.report import experiment_text, export_run, run_json
-from app.core.stats import verdict
-from app.core.store import HistoryStore
+from app.core.data import ServerState
+from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
+from app.core.measure.loadgen import BenchSpec
+from app.core.measure.report import experiment_text, export_run, run_json
+from app.core.measure.stats import verdict
+from app.core.measure.store import HistoryStore
+from app.core.profiles.loading import ProfileError, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from app.core.flags import (
+from app.core.flags.rules import (
     FlagError,
     catalog,
     check_value,
@@ -129,7 +129,7 @@ def test_render_flag() -> None:
 
 
 def test_core_does_not_import_textual() -> None:
-    code = ("import sys, app.core.profile, app.core.flags; "
+    code = ("import sys, app.core.profiles.loading, app.core.flags.rules; "
             "bad = [m for m in ('textual', 'rich', 'widgets') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.flags import FlagError, FlagValue, Toggle, apply_toggle, default_toggles, toggle_value
+from app.core.flags.rules import FlagError, FlagValue, Toggle, apply_toggle, default_toggles, toggle_value
 
 
 def toggle(backend: str, key: str) -> Toggle:

@@ -1,7 +1,7 @@
 """FreeCheck: free only on consecutive clean samples; holders named; unreadable values never count as free."""
 
-from app.core.freecheck import FreeCheck, learn_baseline
-from app.core.model import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
+from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
+from app.core.telemetry.freecheck import FreeCheck, learn_baseline
 
 
 def snap(*gpus: GpuSample) -> GpuSnapshot:

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from app.core.freecheck import FreeCheck, learn_baseline
+from app.core.data import GpuSnapshot
 from app.core.hosts.base import CommandResult
-from app.core.model import GpuSnapshot
-from app.core.smi import parse_compute_apps_csv, parse_gpu_csv
-from app.core.telemetry import SmiTelemetry
+from app.core.telemetry.freecheck import FreeCheck, learn_baseline
+from app.core.telemetry.smi import SmiTelemetry
+from app.core.telemetry.smi_parse import parse_compute_apps_csv, parse_gpu_csv
 from tests.fakes import CommandOnlyHost
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200"

@@ -1,7 +1,7 @@
 """Job records: round trip, and group membership that ignores reused PIDs and zombies."""
 
 from app.core.hosts.base import ProcessInfo
-from app.core.jobs import JobRecord, members_of
+from app.core.server.jobs import JobRecord, members_of
 
 
 def record() -> JobRecord:

@@ -8,12 +8,12 @@ import signal
 import time
 from pathlib import Path
 
-from app.core import jobs
+from app.core.data import DecodeStats, ServerState
 from app.core.hosts.local import LocalHost
-from app.core.lifecycle import LifecycleEvent, ServerLifecycle, ServerLogEvent
-from app.core.model import DecodeStats, ServerState
-from app.core.profile import resolve_profile
-from app.core.telemetry import SmiTelemetry
+from app.core.profiles.loading import resolve_profile
+from app.core.server import jobs
+from app.core.server.lifecycle import LifecycleEvent, ServerLifecycle, ServerLogEvent
+from app.core.telemetry.smi import SmiTelemetry
 
 OLD = (
     "[2026-11-30 06:00:00] The server is fired up and ready to roll!\n"

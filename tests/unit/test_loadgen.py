@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from app.core.loadgen import (
+from app.core.data import DecodeStats, LogLine
+from app.core.measure.loadgen import (
     AcceptanceMeter,
     BenchSpec,
     PromptFileError,
@@ -22,7 +23,6 @@ from app.core.loadgen import (
     run_bench,
     stream_completion,
 )
-from app.core.model import DecodeStats, LogLine
 
 
 class Script:

@@ -7,8 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from app.core.logwatch import LogParser, detect_backend, parse_lines, read_log_lines
-from app.core.model import (
+from app.core.data import (
     DecodeStats,
     FatalEvent,
     LogEvent,
@@ -18,6 +17,7 @@ from app.core.model import (
     ReadyEvent,
     SpecDecodeStats,
 )
+from app.core.logs.parser import LogParser, detect_backend, parse_lines, read_log_lines
 
 T = TypeVar("T")
 

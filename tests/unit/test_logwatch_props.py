@@ -7,8 +7,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.logwatch import LogParser, read_log_lines, summarize
-from app.core.model import LogEvent
+from app.core.data import LogEvent
+from app.core.logs.parser import LogParser, read_log_lines, summarize
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 REAL_LINES = sorted({line for path in LOGS.glob("*.log") for line in read_log_lines(path)})

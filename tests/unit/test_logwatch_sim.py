@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.logwatch import parse_lines, read_log_lines
-from app.core.model import DecodeStats, FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent
+from app.core.data import DecodeStats, FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent
+from app.core.logs.parser import parse_lines, read_log_lines
 from app.sim.host_env import reset_state, sim_environment
 
 StartSim = Callable[..., "subprocess.Popen[bytes]"]

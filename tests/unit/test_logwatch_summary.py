@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.logsummary import LogSummary, TimestampClock
-from app.core.logwatch import event_to_json, parse_lines, read_log_lines, summarize, summary_to_json
-from app.core.model import Phase
+from app.core.data import Phase
+from app.core.logs.parser import event_to_json, parse_lines, read_log_lines, summarize, summary_to_json
+from app.core.logs.summary import LogSummary, TimestampClock
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.metrics import MetricsReading, rate_between
-from app.core.probes import parse_metrics
+from app.core.measure.http_probes import parse_metrics
+from app.core.measure.metrics import MetricsReading, rate_between
 
 LABELS = 'engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"'
 

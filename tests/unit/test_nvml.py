@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from app.core.nvml import NvmlTelemetry
+from app.core.telemetry.nvml import NvmlTelemetry
 
 MIB = 1024 * 1024
 TOTAL = 143771 * MIB

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.profile import (
+from app.core.profiles.loading import (
     BenchSettings,
     ProfileError,
     find_profiles,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.flags import apply_toggle, default_toggles
-from app.core.profile import (
+from app.core.flags.rules import apply_toggle, default_toggles
+from app.core.profiles.loading import (
     FlagChange,
     Profile,
     ProfileError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.smi import classify_smi_failure, parse_gpu_csv
+from app.core.telemetry.smi_parse import classify_smi_failure, parse_gpu_csv
 
 COULD_NOT_COMMUNICATE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.smi import (
+from app.core.telemetry.smi_parse import (
     APPS_FIELDS,
     GPU_FIELDS,
     apps_query_argv,

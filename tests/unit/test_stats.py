@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from app.core.stats import arm_stats, ratio_stats, t_cdf, t_quantile, trials_to_resolve, verdict
+from app.core.measure.stats import arm_stats, ratio_stats, t_cdf, t_quantile, trials_to_resolve, verdict
 
 
 @pytest.mark.parametrize(

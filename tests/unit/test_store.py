@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from app.core.loadgen import RequestResult
-from app.core.store import DATA_DIR_ENV, HistoryStore, StoreError, default_path
+from app.core.measure.loadgen import RequestResult
+from app.core.measure.store import DATA_DIR_ENV, HistoryStore, StoreError, default_path
 
 
 def test_location_follows_the_env_var(tmp_path, monkeypatch):
@@ -57,8 +57,8 @@ def test_round_trip_of_a_run(tmp_path):
 
 WRITER = """
 import sys, time
-from app.core.store import HistoryStore
-from app.core.loadgen import RequestResult
+from app.core.measure.store import HistoryStore
+from app.core.measure.loadgen import RequestResult
 store = HistoryStore()
 rid = store.start_run("ab", profile="p", host="h", backend="sglang", model="m", params={}, arms=[("A", "", {})])
 reqs = [RequestResult(ok=True, output_tokens=8, ttft_s=0.01, latency_s=0.1) for _ in range(200)]

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
 from app.core.hosts.local import LocalHost
-from app.core.model import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
-from app.core.telemetry import NvmlTelemetry, SmiTelemetry, snapshot_to_json, telemetry_for
+from app.core.telemetry.smi import NvmlTelemetry, SmiTelemetry, snapshot_to_json, telemetry_for
 
 GPU_KEYS = {
     "index", "uuid", "name", "memory_used_mib", "memory_total_mib", "utilization_pct", "temperature_c", "power_w",
@@ -77,7 +77,7 @@ def test_factory_refuses_nvml_for_a_remote_host() -> None:
 
 def test_core_telemetry_imports_no_ui() -> None:
     code = (
-        "import sys, app.core.telemetry, app.core.smi, app.core.nvml;"
+        "import sys, app.core.telemetry.smi, app.core.telemetry.smi_parse, app.core.telemetry.nvml;"
         "bad = [m for m in ('textual', 'rich', 'widgets', 'pynvml') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from app.core.hosts.local import LocalHost
-from app.core.telemetry import SmiTelemetry
+from app.core.telemetry.smi import SmiTelemetry
 from app.sim import gpu_state
 from app.sim.host_env import reset_state, set_faults, sim_environment
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from app.core.data import GpuSnapshot
 from app.core.hosts.base import CommandResult, HostError
-from app.core.model import GpuSnapshot
-from app.core.telemetry import SmiTelemetry
+from app.core.telemetry.smi import SmiTelemetry
 from tests.fakes import CommandOnlyHost
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "smi"

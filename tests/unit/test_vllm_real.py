@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from app.core import discovery
-from app.core.discovery import discover_flags, parse_help_flags
-from app.core.flags import offered_catalog, rejected_flags
+from app.core.data import DecodeStats, FatalEvent, Phase, PhaseEvent, ReadyEvent, SpecDecodeStats
+from app.core.flags import discovery
+from app.core.flags.discovery import discover_flags, parse_help_flags
+from app.core.flags.rules import offered_catalog, rejected_flags
 from app.core.hosts.local import LocalHost
-from app.core.logwatch import parse_lines, read_log_lines
-from app.core.metrics import MetricsPoller, MetricsRate, MetricsReading, rate_between, spec_decode_totals
-from app.core.model import DecodeStats, FatalEvent, Phase, PhaseEvent, ReadyEvent, SpecDecodeStats
-from app.core.probes import parse_metrics
-from app.core.profile import ProfileError, parse_profile
+from app.core.logs.parser import parse_lines, read_log_lines
+from app.core.measure.http_probes import parse_metrics
+from app.core.measure.metrics import MetricsPoller, MetricsRate, MetricsReading, rate_between, spec_decode_totals
+from app.core.profiles.loading import ProfileError, parse_profile
 
 LOG = Path(__file__).resolve().parents[1] / "data" / "logs" / "vllm_cpu_0320_real.log"
 REPO = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ async def test_probe_lengthens_requests_whose_answer_comes_in_a_burst() -> None:
 
     from aiohttp import web
 
-    from app.core.loadgen import probe_loop
+    from app.core.measure.loadgen import probe_loop
 
     asked: list[int] = []
 

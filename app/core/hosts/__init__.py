@@ -1,1 +1,6 @@
-"""Where commands run: the host interface and its implementations (local, ssh)."""
+"""Where commands run: the Host interface and its implementations (this machine, SSH).
+
+`base` is the interface (spawn detached, run, stream, signal a group, liveness, HTTP base URL), `local` runs on
+this machine, `ssh` over one asyncssh connection per host with `ssh_trust` for host keys, `procfs` reads
+/proc text the same way for both. May import only the standard library, asyncssh and app.core.data.
+"""

@@ -13,14 +13,14 @@ Public API
 - ``read_log_lines(path) -> Iterator[str]``: a log file's lines split on "\\n" only (keeps tqdm's "\\r").
 - ``line_timestamp(text) -> str | None``: the log's own timestamp text of a line.
 - ``summarize(events, backend=None) -> LogSummary``, ``event_to_json(event) -> dict``,
-  ``summary_to_json(summary) -> dict`` (see app/core/logsummary.py, re-exported here).
+  ``summary_to_json(summary) -> dict`` (see app/core/logs/summary.py, re-exported here).
 
 What a line goes through
 ------------------------
 ANSI colour is stripped; a tqdm line rewritten with ``\\r`` keeps only its last state; a journald prefix
 and a ``(Proc pid=N) `` prefix (vLLM subprocesses, Ray actors) are removed; then the backend prefix is
 *searched* (SGLang ``[ts ranks] ``, vLLM ``LEVEL mm-dd HH:MM:SS [file:line] ``) so foreign prefixes in
-front of it do not matter. The text after it is the message. Patterns live in app/core/logpatterns.py.
+front of it do not matter. The text after it is the message. Patterns live in app/core/logs/patterns.py.
 
 Until the backend is known, both backends' patterns apply (they do not overlap) except the uvicorn
 ``Application startup complete.`` line, which then counts as WARMUP (the SGLang meaning).
@@ -71,9 +71,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from app.core import logpatterns as lp
-from app.core.logsummary import LogSummary, event_to_json, line_timestamp, summarize, summary_to_json
-from app.core.model import (
+from app.core.data import (
     DecodeStats,
     FatalEvent,
     LogEvent,
@@ -84,6 +82,8 @@ from app.core.model import (
     ReadyEvent,
     SpecDecodeStats,
 )
+from app.core.logs import patterns as lp
+from app.core.logs.summary import LogSummary, event_to_json, line_timestamp, summarize, summary_to_json
 
 __all__ = [
     "LogParser",

@@ -32,10 +32,10 @@ from typing import Any
 
 import aiohttp
 
-from app.core.metrics import spec_decode_totals
-from app.core.model import DecodeStats, SpecDecodeStats, ThroughputPoint
-from app.core.probes import scrape_metrics
-from app.core.profile_types import BenchSettings
+from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
+from app.core.measure.http_probes import scrape_metrics
+from app.core.measure.metrics import spec_decode_totals
+from app.core.profiles.types import BenchSettings
 
 WORDS = [
     "tune",

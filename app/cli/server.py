@@ -1,11 +1,11 @@
 """`tunedash flags` (what the installed server accepts) and `tunedash probe` (tok/s from probe, log, /metrics).
 
 Both talk to the real server of a profile: `flags` asks its interpreter (`python -m MODULE --help`,
-cached: app.core.discovery); `probe` drives a running server with the continuous single-stream probe for
+cached: app.core.flags.discovery); `probe` drives a running server with the continuous single-stream probe for
 a while and reports the tokens/s each source saw at the same time: the probe client itself, the server's
 periodic log line (vLLM "Avg generation throughput", SGLang "gen throughput"), and the /metrics counters
 (vLLM vllm:generation_tokens_total), plus the speculative-decoding acceptance from the counters' growth.
-Registered in app.cli by `register`.
+Registered in app.cli.main by `register`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import sys
 from typing import Any
 
 from app.connect import host_for
-from app.core import jobs
-from app.core.discovery import discover_flags
-from app.core.flags import catalog, spec_accepted
+from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
+from app.core.flags.discovery import discover_flags
+from app.core.flags.rules import catalog, spec_accepted
 from app.core.hosts.base import Host
-from app.core.loadgen import probe_loop
-from app.core.logwatch import LogParser
-from app.core.metrics import MetricsPoller, MetricsRate, spec_decode_totals
-from app.core.model import DecodeStats, SpecDecodeStats, ThroughputPoint
-from app.core.profile import Profile, ProfileError, apply_overrides, launch_env, resolve_profile
+from app.core.logs.parser import LogParser
+from app.core.measure.loadgen import probe_loop
+from app.core.measure.metrics import MetricsPoller, MetricsRate, spec_decode_totals
+from app.core.profiles.loading import Profile, ProfileError, apply_overrides, launch_env, resolve_profile
+from app.core.server import jobs
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -177,7 +177,7 @@ def _fmt(value: float | None) -> str:
 
 # ---- registration --------------------------------------------------------------------------------
 def register(sub: Any) -> None:
-    """Add `flags` and `probe` to the `tunedash` subcommands (app.cli calls this)."""
+    """Add `flags` and `probe` to the `tunedash` subcommands (app.cli.main calls this)."""
     p = sub.add_parser("flags", help="which catalog flags the installed server accepts (from its --help)")
     p.add_argument("profile")
     p.add_argument("--refresh", action="store_true", help="ask the server again instead of the cache")

@@ -5,7 +5,7 @@ Public API (both sources have the same three methods, see ``Telemetry``):
 - ``SmiTelemetry(host, indices=None, *, executable="nvidia-smi", env=None, ...)``
     ``await sample() -> GpuSnapshot``; ``stream(period_ms=1000) -> AsyncIterator[GpuSnapshot]``;
     ``await close()``.
-- ``NvmlTelemetry`` (app.core.nvml, re-exported here): the same methods, local host only.
+- ``NvmlTelemetry`` (app.core.telemetry.nvml, re-exported here): the same methods, local host only.
 - ``telemetry_for(host, source="smi", indices=None) -> SmiTelemetry | NvmlTelemetry``: "nvml" needs a
   local host (``getattr(host, "is_local", False)``, which LocalHost sets); anything else is a ValueError.
 - ``snapshot_to_json(snapshot) -> dict``: the shape of ``tunedash gpus --json``.
@@ -55,10 +55,10 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
 from app.core.hosts.base import CommandResult, Host, HostError
-from app.core.model import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
-from app.core.nvml import NvmlTelemetry
-from app.core.smi import (
+from app.core.telemetry.nvml import NvmlTelemetry
+from app.core.telemetry.smi_parse import (
     GPU_FIELDS,
     GPU_LOOP_FIELDS,
     SmiGpuRow,

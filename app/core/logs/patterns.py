@@ -1,7 +1,7 @@
 """The data behind the log parser: line prefixes, phase rows, notice and fatal tables for SGLang and vLLM.
 
 Every pattern here comes from the messages quoted in research/servers.md (sections 2, 3 and 6). The
-parser (app/core/logwatch.py) applies them with `search`, never `match`, because log files carry foreign
+parser (app/core/logs/parser.py) applies them with `search`, never `match`, because log files carry foreign
 prefixes (Ray, journald, embedding applications, custom logging configs).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.core.model import Phase
+from app.core.data import Phase
 
 SGLANG = "sglang"
 VLLM = "vllm"

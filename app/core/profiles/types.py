@@ -1,11 +1,11 @@
-"""The profile data types: Profile, BenchSettings, FlagChange and ProfileError (app.core.profile uses them)."""
+"""The profile data types: Profile, BenchSettings, FlagChange and ProfileError (app.core.profiles.loading uses them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.core.flags import FlagValue, Toggle
+from app.core.flags.rules import FlagValue, Toggle
 
 
 class ProfileError(ValueError):
@@ -45,7 +45,7 @@ class Profile:
     module: str = ""
     sim_state: Path | None = None
     description: str = ""
-    # backend = "custom" only (app.core.profile's docstring): the argv template and the ready signal.
+    # backend = "custom" only (app.core.profiles.loading's docstring): the argv template and the ready signal.
     command: tuple[str, ...] = ()
     ready_regex: str = ""
     health_url: str = ""

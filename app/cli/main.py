@@ -16,17 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.cli_server import refuse_rejected_flags
-from app.cli_server import register as register_server_commands
+from app.cli.server import refuse_rejected_flags
+from app.cli.server import register as register_server_commands
 from app.connect import host_for
-from app.core import jobs
+from app.core.data import ServerState
 from app.core.hosts.base import Host, HostError
 from app.core.hosts.local import LocalHost
-from app.core.lifecycle import ActionLogged, LaunchRefused, LifecycleEvent, ServerLifecycle, StateChanged
-from app.core.model import ServerState
-from app.core.profile import Profile, ProfileError, apply_overrides, find_profiles, resolve_profile
-from app.core.status import inspect_job, status_to_json
-from app.core.telemetry import snapshot_to_json, telemetry_for
+from app.core.profiles.loading import Profile, ProfileError, apply_overrides, find_profiles, resolve_profile
+from app.core.server import jobs
+from app.core.server.lifecycle import ActionLogged, LaunchRefused, LifecycleEvent, ServerLifecycle, StateChanged
+from app.core.server.status import inspect_job, status_to_json
+from app.core.telemetry.smi import snapshot_to_json, telemetry_for
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -137,7 +137,7 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
 async def cmd_launch(args: argparse.Namespace) -> int:
     profile = _load(args)
     host = host_for(profile)
-    await refuse_rejected_flags(profile, host)  # a flag the installed server rejects (app.core.discovery)
+    await refuse_rejected_flags(profile, host)  # a flag the installed server rejects (app.core.flags.discovery)
     lifecycle = _lifecycle(profile, host, args)
     try:
         record = await lifecycle.launch()
@@ -230,7 +230,7 @@ async def cmd_relaunch(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from app.core.logwatch import event_to_json, parse_lines, read_log_lines, summary_to_json
+    from app.core.logs.parser import event_to_json, parse_lines, read_log_lines, summary_to_json
 
     path = Path(args.file)
     try:
@@ -355,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON event per line")
     p.set_defaults(func=cmd_log)
 
-    # measuring commands (bench, ab, history, export): handlers in app/cli_bench.py
-    from app.cli_bench import register as register_bench_commands
+    # measuring commands (bench, ab, history, export): handlers in app/cli/measure.py
+    from app.cli.measure import register as register_bench_commands
 
     register_bench_commands(sub, with_overrides)
 
@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
 
-    register_server_commands(sub)  # `flags`, `probe` (app/cli_server.py)
-    from app.cli_ssh import register as register_ssh  # `trust` (SSH host keys)
+    register_server_commands(sub)  # `flags`, `probe` (app/cli/server.py)
+    from app.cli.remote import register as register_ssh  # `trust` (SSH host keys)
 
     register_ssh(sub)
     return parser

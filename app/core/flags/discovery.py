@@ -1,6 +1,6 @@
 """Version discovery: which launch flags the installed server accepts, from its own `--help`, cached.
 
-Why: the flag catalog (app.core.flag_catalog) spans many releases; a flag added in vLLM 0.33 makes 0.32
+Why: the flag catalog (app.core.flags.catalog) spans many releases; a flag added in vLLM 0.33 makes 0.32
 exit at argument parsing. The server itself is the only authority, so we ask it once per interpreter:
 
 1. A fingerprint of the installed package, cheap (no import of the server): one `python -c` that prints
@@ -28,7 +28,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from app.core.flags import FlagSpec, spec_accepted
+from app.core.flags.rules import FlagSpec, spec_accepted
 from app.core.hosts.base import Host, HostError
 
 DISCOVERABLE_BACKENDS = ("vllm",)

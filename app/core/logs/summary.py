@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.core import logpatterns as lp
-from app.core.model import (
+from app.core.data import (
     DecodeStats,
     FatalEvent,
     LogEvent,
@@ -36,6 +35,7 @@ from app.core.model import (
     ReadyEvent,
     SpecDecodeStats,
 )
+from app.core.logs import patterns as lp
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from app.core.model import ThroughputPoint
-from app.core.probes import scrape_metrics
+from app.core.data import ThroughputPoint
+from app.core.measure.http_probes import scrape_metrics
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.core import jobs
 from app.core.hosts.base import Host, HostError
+from app.core.server import jobs
 
 DRIVER_POLL_S = 2.0
 

@@ -25,7 +25,7 @@ vLLM
 - `g` "graphs": cycles compilation-config.cudagraph_mode through NONE, PIECEWISE, FULL, FULL_DECODE_ONLY,
   FULL_AND_PIECEWISE (the V1 default, assumed when unset). --enforce-eager overrides it.
 
-Custom (backend = "custom": any command, app.core.profile)
+Custom (backend = "custom": any command, app.core.profiles.loading)
 - No catalog and no toggles. Flags are free-form: any name is accepted (written as in the profile, leading
   dashes dropped, no alias or typo matching), its value is a boolean, a number or a string (checked for
   type only), and it renders as `--name value` after the profile's `command`, in the profile's order:
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-from app.core.flag_catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagKind, FlagSpec, FlagValue
+from app.core.flags.catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagKind, FlagSpec, FlagValue
 
 __all__ = [
     "BACKENDS",
@@ -446,7 +446,7 @@ def toggle_for_flag(toggles: Sequence[Toggle], flag: str) -> Toggle | None:
     return None
 
 
-# ---- what the installed server accepts (app.core.discovery reads it from the server's --help) ----------
+# ---- what the installed server accepts (app.core.flags.discovery reads it from the server's --help) ----------
 
 
 def spec_accepted(spec: FlagSpec, accepted: AbstractSet[str] | None) -> bool | None:

@@ -20,10 +20,10 @@ Profile TOML schema (every key; anything else is an error naming the file and th
     sim_state   str        state folder of the simulated host (relative: to the profile's folder)
                                                              default: unset (the simulator decides)
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
-                typed by the catalog (app.core.flag_catalog); JSON flags as inline tables, e.g.
+                typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.
                 model-path/model and port are top-level keys, not flags.
-    [toggles]   merged over the backend's built-in toggles (app.core.flags), keyed by the key character:
+    [toggles]   merged over the backend's built-in toggles (app.core.flags.rules), keyed by the key character:
                 [toggles.s] label = "steps", cycle = "speculative-num-steps", values = [1, 2, 3]
                 [toggles.g] label = "pcg", flip = "enforce-piecewise-cuda-graph"
                 [toggles.m] label = "mem", set = "mem-fraction-static", value = 0.85
@@ -45,7 +45,7 @@ backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as 
                            At least one of the two. Both: the log line is READY, the URL confirms it (like
                            /health for SGLang). Only health_url: READY when it first answers 200.
     module is an error; model and port are optional (then {model}/{port} cannot be used). There is no flag
-    catalog and no toggle: [flags] are free-form (app.core.flags: any name, a bool/number/string value,
+    catalog and no toggle: [flags] are free-form (app.core.flags.rules: any name, a bool/number/string value,
     rendered as --name value after the command, in the file's order; false renders nothing), and
     `--set name=value` adds or changes one. The log keeps the generic fatal detection (tracebacks, OOM,
     "address already in use"); SGLang/vLLM phases and throughput lines are not read.
@@ -64,7 +64,7 @@ from typing import Any
 import platformdirs
 
 import app
-from app.core.flags import (
+from app.core.flags.rules import (
     CUSTOM,
     FlagError,
     FlagSpec,
@@ -82,7 +82,7 @@ from app.core.flags import (
     toggle_for_flag,
     unknown_flag_message,
 )
-from app.core.profile_toml import (
+from app.core.profiles.schema import (
     DEFAULT_MODULES,
     DEFAULT_PORTS,
     ENDPOINTS,
@@ -90,7 +90,7 @@ from app.core.profile_toml import (
     RESERVED_FLAGS,
     ProfileReader,
 )
-from app.core.profile_types import BenchSettings, FlagChange, Profile, ProfileError
+from app.core.profiles.types import BenchSettings, FlagChange, Profile, ProfileError
 
 __all__ = [
     "DEFAULT_MODULES",

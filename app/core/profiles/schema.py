@@ -1,4 +1,4 @@
-"""Validation of a profile's parsed TOML (the schema is in app.core.profile's docstring)."""
+"""Validation of a profile's parsed TOML (the schema is in app.core.profiles.loading's docstring)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.core.flags import (
+from app.core.flags.rules import (
     BACKENDS,
     CUSTOM,
     FlagError,
@@ -25,7 +25,7 @@ from app.core.flags import (
     lookup_flag,
     unknown_flag_message,
 )
-from app.core.profile_types import BenchSettings, Profile, ProfileError
+from app.core.profiles.types import BenchSettings, Profile, ProfileError
 
 DEFAULT_MODULES = {
     ("sim", "sglang"): "app.sim.sglang",

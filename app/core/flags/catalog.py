@@ -1,6 +1,6 @@
 """The SGLang and vLLM launch-flag tables (research/servers.md sections 1 and 6, research/vllm-cpu.md).
 
-This module is data. Each row is a FlagSpec; `app.core.flags` builds the lookup tables from them.
+This module is data. Each row is a FlagSpec; `app.core.flags.rules` builds the lookup tables from them.
 
 Versions: `versions = (since, until)`, both release strings or "".
 - since: the first release checked in which the flag exists; "" = in every release checked
@@ -16,7 +16,7 @@ Kinds: bool (store_true; False renders as nothing, or as `--no-NAME` when `negat
 choice (value must be one of `choices`), str (free text; `choices`, when given, are only suggestions),
 json (a JSON object: a TOML inline table, rendered as compact JSON), ints (a list of ints, one argv item
 each, stored as a space-separated string), free (the `custom` backend's free-form flags: any name, a
-bool, number or string, rendered as --NAME VALUE; see app.core.flags).
+bool, number or string, rendered as --NAME VALUE; see app.core.flags.rules).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from app.core.model import GpuProcess, TelemetryError
+from app.core.data import GpuProcess, TelemetryError
 
 GPU_FIELDS: tuple[str, ...] = (
     "index",
@@ -39,7 +39,7 @@ GPU_FIELDS: tuple[str, ...] = (
     "power.draw",
     "name",
 )
-GPU_LOOP_FIELDS = GPU_FIELDS  # ticks are grouped by index order (see app.core.telemetry), not timestamps
+GPU_LOOP_FIELDS = GPU_FIELDS  # ticks are grouped by index order (see app.core.telemetry.smi), not timestamps
 APPS_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "used_memory", "process_name")
 CSV_FORMAT = "--format=csv,noheader,nounits"
 

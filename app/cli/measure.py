@@ -1,9 +1,9 @@
-"""The measuring commands: `bench`, `ab`, `history`, `export` (registered by app.cli.build_parser).
+"""The measuring commands: `bench`, `ab`, `history`, `export` (registered by app.cli.main.build_parser).
 
-Exit codes (as app.cli): 0 done, 2 bad input (profile, arm, prompt file, unknown run id), 3 GPUs stay
+Exit codes (as app.cli.main): 0 done, 2 bad input (profile, arm, prompt file, unknown run id), 3 GPUs stay
 held between arms, 4 no ready server to benchmark / an arm's server failed to start, 130 cancelled
 (Ctrl-C; an A/B keeps its finished trials in the history and prints what it has). Every run lands in
-the history (app.core.store; $TUNEDASH_DATA_DIR overrides its folder).
+the history (app.core.measure.store; $TUNEDASH_DATA_DIR overrides its folder).
 """
 
 from __future__ import annotations
@@ -16,16 +16,30 @@ import sys
 import time
 from typing import Any
 
-from app.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_START_FAILED, CliError, _lifecycle, _load, _print
+from app.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_START_FAILED, CliError, _lifecycle, _load, _print
 from app.connect import host_for
-from app.core import jobs
-from app.core.experiment import ARM_LABELS, Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
-from app.core.loadgen import AcceptanceMeter, BenchSpec, PromptFileError, RequestResult, build_prompts, run_bench
-from app.core.logwatch import LogParser
-from app.core.probes import check_health
-from app.core.profile import Profile
-from app.core.report import bench_rows, experiment_text, export_run, text_table
-from app.core.store import HistoryStore, StoreError
+from app.core.logs.parser import LogParser
+from app.core.measure.experiment import (
+    ARM_LABELS,
+    Experiment,
+    ExperimentFailed,
+    ExperimentProgress,
+    ExperimentSpec,
+    parse_arm,
+)
+from app.core.measure.http_probes import check_health
+from app.core.measure.loadgen import (
+    AcceptanceMeter,
+    BenchSpec,
+    PromptFileError,
+    RequestResult,
+    build_prompts,
+    run_bench,
+)
+from app.core.measure.report import bench_rows, experiment_text, export_run, text_table
+from app.core.measure.store import HistoryStore, StoreError
+from app.core.profiles.loading import Profile
+from app.core.server import jobs
 
 
 def _spec(profile: Profile, args: argparse.Namespace) -> BenchSpec:

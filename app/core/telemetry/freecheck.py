@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.core.model import GpuSnapshot
+from app.core.data import GpuSnapshot
 
 DEFAULT_TOLERANCE_MIB = 64
 BASELINE_CAP_MIB = 1024

@@ -20,7 +20,7 @@ from app.core.hosts.ssh_trust import (
     connect_options,
     inspect_host_key,
 )
-from app.core.profile import ProfileError, resolve_profile
+from app.core.profiles.loading import ProfileError, resolve_profile
 
 EXIT_OK = 0
 EXIT_REFUSED = 2

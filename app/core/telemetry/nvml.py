@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core.model import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
-from app.core.smi import FAILURE_HINTS
+from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
+from app.core.telemetry.smi_parse import FAILURE_HINTS
 
 _MIB = 1024 * 1024
 _PROCESS_FUNCTIONS = (

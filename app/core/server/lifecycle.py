@@ -24,11 +24,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import jobs
-from app.core.freecheck import FreeCheck, FreeVerdict, Holder, learn_baseline
-from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
-from app.core.logwatch import LogParser
-from app.core.model import (
+from app.core.data import (
     DecodeStats,
     FatalEvent,
     LogEvent,
@@ -38,10 +34,14 @@ from app.core.model import (
     ReadyEvent,
     ServerState,
 )
-from app.core.nvml import NvmlTelemetry
-from app.core.probes import check_url
-from app.core.profile import Profile, health_url, launch_argv, launch_env
-from app.core.telemetry import SmiTelemetry, Telemetry
+from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
+from app.core.logs.parser import LogParser
+from app.core.measure.http_probes import check_url
+from app.core.profiles.loading import Profile, health_url, launch_argv, launch_env
+from app.core.server import jobs
+from app.core.telemetry.freecheck import FreeCheck, FreeVerdict, Holder, learn_baseline
+from app.core.telemetry.nvml import NvmlTelemetry
+from app.core.telemetry.smi import SmiTelemetry, Telemetry
 
 LIVE_STATES = {
     ServerState.LAUNCHING,

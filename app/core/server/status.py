@@ -6,12 +6,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import jobs
+from app.core.data import FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent, ServerState
 from app.core.hosts.base import Host, ProcessInfo
-from app.core.lifecycle import FATAL_RANK
-from app.core.logwatch import LogParser
-from app.core.model import FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent, ServerState
-from app.core.profile import Profile
+from app.core.logs.parser import LogParser
+from app.core.profiles.loading import Profile
+from app.core.server import jobs
+from app.core.server.lifecycle import FATAL_RANK
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A/B experiments: arms (a profile plus flag overrides), relaunches through the lifecycle, trials, statistics.
 
 An arm is written "F=V F=V ..." (shlex words; `!F` unsets a flag) and applied to the profile with
-app.core.profile.apply_overrides. For each arm: relaunch (kill -> confirm free -> launch -> wait ready),
+app.core.profiles.loading.apply_overrides. For each arm: relaunch (kill -> confirm free -> launch -> wait ready),
 record the launch with the server's own resolved flags, send the warm-up requests (excluded), then run
 its trials; each trial is the same fixed request set (BenchSpec) and its value is the trial's output
 tok/s. Order: every trial of A, then every trial of B (one relaunch per arm), or interleaved
@@ -10,7 +10,7 @@ tok/s. Order: every trial of A, then every trial of B (one relaunch per arm), or
 Every finished trial is written to the history at once; cancelling (Ctrl-C, escape) keeps the finished
 trials, marks the run "cancelled" and still reports statistics of what was done. A server that does not
 come up for an arm fails the run (ExperimentFailed, exit code 4) with the crash detail. After the run
-the last arm's server keeps running. Statistics: app.core.stats (t intervals, log-ratio delta method).
+the last arm's server keeps running. Statistics: app.core.measure.stats (t intervals, log-ratio delta method).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.lifecycle import LaunchRefused, LifecycleEvent, ServerLifecycle, ServerLogEvent
-from app.core.loadgen import AcceptanceMeter, BenchResult, BenchSpec, RequestResult, run_bench
-from app.core.model import ServerState
-from app.core.probes import server_info
-from app.core.profile import Profile, ProfileError, apply_overrides, launch_argv
-from app.core.stats import ArmStats, RatioStats, arm_stats, ratio_stats, verdict
-from app.core.store import HistoryStore
+from app.core.data import ServerState
+from app.core.measure.http_probes import server_info
+from app.core.measure.loadgen import AcceptanceMeter, BenchResult, BenchSpec, RequestResult, run_bench
+from app.core.measure.stats import ArmStats, RatioStats, arm_stats, ratio_stats, verdict
+from app.core.measure.store import HistoryStore
+from app.core.profiles.loading import Profile, ProfileError, apply_overrides, launch_argv
+from app.core.server.lifecycle import LaunchRefused, LifecycleEvent, ServerLifecycle, ServerLogEvent
 
 ARM_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

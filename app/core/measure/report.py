@@ -1,7 +1,7 @@
 """Reports of benchmark and A/B runs: the arms table as text or Markdown, CSV of trials, JSON, from live or stored data.
 
 The same function renders `tunedash ab` output and `tunedash export ID`, from the same JSON
-(app.core.experiment.result_json), so an export reproduces the table the run printed. Statistics are
+(app.core.measure.experiment.result_json), so an export reproduces the table the run printed. Statistics are
 recomputed from the stored trial values, which is deterministic.
 """
 
@@ -13,9 +13,9 @@ import json
 import time
 from typing import Any
 
-from app.core.experiment import result_json
-from app.core.profile import FlagChange, flag_diff
-from app.core.store import RunRow
+from app.core.measure.experiment import result_json
+from app.core.measure.store import RunRow
+from app.core.profiles.loading import FlagChange, flag_diff
 
 
 def run_json(run: RunRow) -> dict[str, Any]:

@@ -1,0 +1,8 @@
+"""Measurement: the streaming client, probe, bench, acceptance, /metrics, statistics, A/B, history, reports.
+
+`client` streams one request, `probe` runs the dashboard's continuous stream, `bench` a request set at a
+concurrency, `acceptance` speculative acceptance over a run, `http_probes` /health and /get_server_info and
+/metrics, `metrics` the /metrics poller, `stats` intervals and verdicts, `experiment` A/B over relaunches,
+`recorded` the one recorded-bench runner, `store` the SQLite history, `report` tables and exports. May import
+app.core.data, profiles, flags and (experiment) app.core.server's events; never a host directly.
+"""
