@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
-from app.core.profiles.loading import Profile
+from app.core.profiles.types import Profile
 
 
 def host_for(profile: Profile) -> Host:

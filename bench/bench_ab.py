@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 from app.connect import host_for
+from app.core.measure.bench import BenchSpec
 from app.core.measure.experiment import Experiment, ExperimentSpec, parse_arm
-from app.core.measure.loadgen import BenchSpec
 from app.core.measure.stats import ratio_stats
 from app.core.profiles.loading import load_profile
 from app.core.server.lifecycle import ServerLifecycle

@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.connect import host_for
 from app.core.data import GpuSnapshot, ServerState
-from app.core.profiles.loading import Profile, load_profile
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import Profile
 from app.core.session import Session
 from app.sim.host_env import reset_state
 from app.tui.app import TunedashApp

@@ -28,7 +28,8 @@ from pathlib import Path
 from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import resolve_profile
-from app.core.server.lifecycle import ActionLogged, LifecycleEvent, ServerLifecycle, StateChanged
+from app.core.server.events import ActionLogged, LifecycleEvent, StateChanged
+from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import telemetry_for
 from app.sim.gpu_state import released_log
 from app.sim.host_env import reset_state, sim_environment

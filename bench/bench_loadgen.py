@@ -4,7 +4,7 @@ The server is the simulated SGLang server with every per-step cost set to zero (
 so each decode step is one event-loop turn; it runs in its own process (TP 2, NEXTN 3 steps: several
 tokens per chunk). Clients, in the same run,
 alternating, the same request set each time:
-  ours       app.core.measure.loadgen.run_bench (one ClientSession and connection pool per run, N workers)
+  ours       app.core.measure.bench.run_bench (one ClientSession and connection pool per run, N workers)
   per-req    a minimal aiohttp client in the style of sglang's bench_serving (one ClientSession per request)
   vllm       `vllm bench serve` from the vLLM CPU environment (scripts/vllm-cpu-env), when present:
              --backend openai (/v1/completions), random dataset of our lengths, our requests and
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import aiohttp
 
-from app.core.measure.loadgen import BenchSpec, build_prompts, run_bench
+from app.core.measure.bench import BenchSpec, build_prompts, run_bench
 from app.sim.host_env import reset_state, sim_environment
 
 ZERO_SPEED = """target_ms_per_weight_gib = 0.0

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import apply_overrides, load_profile
-from app.core.server.lifecycle import LifecycleEvent, ServerLifecycle, StateChanged
+from app.core.server.events import LifecycleEvent, StateChanged
+from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.freecheck import DEFAULT_TOLERANCE_MIB
 from app.core.telemetry.smi import telemetry_for
 

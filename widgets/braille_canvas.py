@@ -2,8 +2,7 @@
 
 Each cell holds 2 x 4 dots (the Unicode braille block), so a W x H cell area plots 2W x 4H pixels. Three layers,
 the upper one winning per cell: frame characters (axes, marker lines), dots, text (labels, legend). A cell's dots
-take the style of the last line drawn through it. Pure Python, no terminal: a 60 x 20 chart draws in about a
-millisecond, where plotext's figure, its ANSI text and the strips parsed from it took about 30 ms.
+take the style of the last line drawn through it. Pure Python, no terminal (why: docs/decisions.md#chart-canvas).
 """
 
 from __future__ import annotations

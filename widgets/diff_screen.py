@@ -1,11 +1,14 @@
-"""Provides DiffScreen and diff_flags: the pending command line against the running one, flag by flag."""
+"""Provides DiffScreen and diff_flags: the pending command line against the running one, flag by flag.
+
+A change is core's FlagChange (app.core.data) holding command-line words: a bare switch is "", an absent
+flag None.
+"""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -13,23 +16,13 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-FlagValue = str | bool | None
-"""A flag's value: text, True for a bare switch, None/False for absent."""
-CommandSpec = Sequence[str] | Mapping[str, FlagValue]
-"""An argv list or a flag dict."""
+from app.core.data import FlagChange
+
+CommandSpec = Sequence[str] | Mapping[str, str | bool | None]
+"""An argv list, or a flag dict of command-line words: {"--flag": text, True for a bare switch, None/False absent}."""
 
 COMMAND_KEY = "(command)"
 """The pseudo-flag holding the argv words before the first "--flag"."""
-
-
-@dataclass(frozen=True)
-class FlagChange:
-    """One difference between two command lines."""
-
-    flag: str
-    kind: Literal["removed", "added", "changed"]
-    before: str | None
-    after: str | None
 
 
 def argv_to_flags(argv: Sequence[str]) -> dict[str, str]:
@@ -80,20 +73,20 @@ def diff_flags(running: CommandSpec, pending: CommandSpec) -> list[FlagChange]:
     changes: list[FlagChange] = []
     for flag, value in before.items():
         if flag not in after:
-            changes.append(FlagChange(flag, "removed", value, None))
+            changes.append(FlagChange(flag, value, None))
         elif after[flag] != value:
-            changes.append(FlagChange(flag, "changed", value, after[flag]))
-    changes.extend(FlagChange(flag, "added", None, value) for flag, value in after.items() if flag not in before)
+            changes.append(FlagChange(flag, value, after[flag]))
+    changes.extend(FlagChange(flag, None, value) for flag, value in after.items() if flag not in before)
     return changes
 
 
 def change_line(change: FlagChange) -> str:
     """ "- --flag old", "+ --flag new" or "~ --flag old -> new"."""
     if change.kind == "removed":
-        return f"- {change.flag} {change.before}".rstrip()
+        return f"- {change.flag} {change.old}".rstrip()
     if change.kind == "added":
-        return f"+ {change.flag} {change.after}".rstrip()
-    return f"~ {change.flag} {change.before or '(switch)'} -> {change.after or '(switch)'}"
+        return f"+ {change.flag} {change.new}".rstrip()
+    return f"~ {change.flag} {change.old or '(switch)'} -> {change.new or '(switch)'}"
 
 
 def _command_line(spec: CommandSpec) -> str:

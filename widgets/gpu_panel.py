@@ -2,7 +2,8 @@
 
 Unavailable values render as "n/a" with the reason as the cell's tooltip, never as 0. A sample older than
 two sample periods is marked stale with its age. Rows are keyed by GPU uuid and only cells whose text
-changed are touched, so 8 GPUs at 4 Hz cost little.
+changed are touched, so 8 GPUs at 4 Hz cost little. One row can be selected (class "-selected", highlighted):
+a click posts Selected and the owner calls select(uuid).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class GpuRow(Widget):
         &.-stale { color: $text-muted; }
         &.-stale .gpu-age { color: $warning; text-style: bold; }
         &:hover { background: $boost; }
+        &.-selected { background: $accent 20%; }
     }
     """
 
@@ -280,6 +282,7 @@ class GpuPanel(Widget):
         self.border_title = "GPUs"
         self._rows: dict[str, GpuRow] = {}
         self._error: TelemetryError | None = None
+        self._selected: str | None = None
 
     def compose(self) -> ComposeResult:
         """The error line and a placeholder until the first sample."""
@@ -295,6 +298,17 @@ class GpuPanel(Widget):
     def rows(self) -> dict[str, GpuRow]:
         """The mounted rows by GPU uuid."""
         return dict(self._rows)
+
+    @property
+    def selected(self) -> str | None:
+        """The uuid of the selected GPU, or None."""
+        return self._selected
+
+    def select(self, uuid: str | None) -> None:
+        """Highlight the row of GPU `uuid` (None, or a GPU not shown: no row is selected)."""
+        self._selected = uuid if uuid in self._rows else None
+        for row_uuid, row in self._rows.items():
+            row.set_class(row_uuid == self._selected, "-selected")
 
     def update(self, data: GpuSnapshot | Sequence[GpuSample], now: float, period_s: float = 1.0) -> None:
         """Show the newest samples; rows are added/removed only when the set of GPUs changes."""
@@ -327,6 +341,7 @@ class GpuPanel(Widget):
         if empty:
             empty.remove()
         self.mount_all(list(self._rows.values()))
+        self.select(self._selected)  # the selected GPU stays selected while it is shown
 
     def _set_error(self, error: TelemetryError | None) -> None:
         if error == self._error:

@@ -13,18 +13,11 @@ from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.core.data import ServerState
+from app.core.data import Holder, ServerState
 from widgets.gpu_panel import NA, format_age
 
-
-@dataclass(frozen=True)
-class Holder:
-    """A process still holding memory on a GPU (shown when the server is STUCK)."""
-
-    gpu: int
-    pid: int
-    name: str
-    mib: int | None
+NO_VISIBLE_PROCESS = "(no visible process)"
+"""The name a holder shows for GPU memory that no listed process accounts for."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +37,7 @@ class ServerView:
     notices: tuple[str, ...] = ()
     fatal: str | None = None
     last_lines: tuple[str, ...] = ()
-    holders: tuple[Holder, ...] = ()
+    holders: tuple[Holder, ...] = ()  # what still holds GPU memory (shown when the server is STUCK)
 
 
 _STATE_CLASS = {
@@ -111,13 +104,15 @@ def short_notice(text: str, limit: int = NOTICE_CHARS) -> str:
 
 
 def holders_text(holders: tuple[Holder, ...]) -> str:
-    """One line per holder: "GPU0  48921 python  81000 MiB"."""
+    """One line per holder: "GPU0  48921 python  81000 MiB"; memory with no visible process (pid None) as
+    "GPU1  0 (no visible process)  1200 MiB"."""
     if not holders:
         return "still held, holders unknown"
     lines = ["GPU memory still held by:"]
     for h in holders:
-        mib = f"{h.mib} MiB" if h.mib is not None else f"{NA} MiB"
-        lines.append(f"  GPU{h.gpu}  {h.pid} {h.name}  {mib}")
+        mib = f"{h.used_mib} MiB" if h.used_mib is not None else f"{NA} MiB"
+        pid = 0 if h.pid is None else h.pid
+        lines.append(f"  GPU{h.gpu}  {pid} {h.name or NO_VISIBLE_PROCESS}  {mib}")
     return "\n".join(lines)
 
 
@@ -198,7 +193,7 @@ class ServerPanel(Widget):
         self._texts[block] = text
         static = self.query_one(f".server-{block}", Static)
         # A layout pass only when the block's height changes: the time in state and the uptime change every tick
-        # (tenths of a second under a minute) and a layout per tick was most of the idle dashboard's CPU.
+        # (tenths of a second under a minute); why: docs/decisions.md#ui-push-rate.
         width = static.content_region.width
         static.update(text, layout=width <= 0)
         if width > 0 and static.get_content_height(static.container_size, self.app.size, width) != (

@@ -5,9 +5,8 @@ New data only marks the chart dirty; a timer (or the owner's tick, through flush
 bucket per plot column.
 
 The chart draws its braille plot, frame, ticks, legend and marker labels itself on a BrailleCanvas and keeps
-the strips until the next replot, resize or theme change: about a millisecond for a 60x20 chart. (It was a
-PlotextPlot: plotext's figure, its ANSI text parsed back and turned into strips cost about 30 ms a replot,
-the dashboard's largest single cost.) A new border subtitle (the app's latest figures, once a second) only
+the strips until the next replot, resize or theme change (why not plotext: docs/decisions.md#chart-canvas).
+A new border subtitle (the app's latest figures, once a second) only
 redraws the border.
 """
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from rich.color import Color as RichColor
@@ -25,17 +23,8 @@ from textual.color import Color
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.core.data import ThroughputPoint
+from app.core.data import RelaunchMarker, ThroughputPoint
 from widgets.braille_canvas import BrailleCanvas
-
-
-@dataclass(frozen=True)
-class RelaunchMarker:
-    """A relaunch at wall-clock time `at`, labelled with what changed ("steps 1 -> 3")."""
-
-    at: float
-    label: str
-
 
 SOURCE_COLOURS = {"log": "primary", "metrics": "success", "probe": "accent"}
 """Theme variable per throughput source; unknown sources use "secondary"."""
@@ -101,7 +90,7 @@ def marker_label_places(
     places: list[tuple[float, float, Literal["left", "right"]]] = []
     for index, marker in enumerate(markers):
         row = LABEL_ROWS[index % len(LABEL_ROWS)]
-        width_s = (len(short_label(marker.label)) + 1) * column_s
+        width_s = (len(short_label(marker.text)) + 1) * column_s
         room_left, room_right = marker.at - start, end - marker.at
         if room_left >= width_s or (room_right < width_s and room_left >= room_right):
             places.append((marker.at - end - column_s, row, "right"))
@@ -382,7 +371,7 @@ class ThroughputChart(Widget):
             canvas.frame(col, bottom, "┴", marker_style)
             for row in range(1, bottom):
                 canvas.frame(col, row, "│", marker_style)
-            label = short_label(marker.label)
+            label = short_label(marker.text)
             label_col = x0 + 1 + round((x + self.window_s) / self.window_s * (plot_w - 1))
             if align == "right":
                 label_col -= len(label) - 1

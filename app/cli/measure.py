@@ -1,9 +1,12 @@
-"""The measuring commands: `bench`, `ab`, `history`, `export` (registered by app.cli.main.build_parser).
+"""The measuring commands: `bench`, `ab`, `history`, `export`, `probe` (registered by app.cli.main).
 
-Exit codes (as app.cli.main): 0 done, 2 bad input (profile, arm, prompt file, unknown run id), 3 GPUs stay
-held between arms, 4 no ready server to benchmark / an arm's server failed to start, 130 cancelled
-(Ctrl-C; an A/B keeps its finished trials in the history and prints what it has). Every run lands in
-the history (app.core.measure.store; $TUNEDASH_DATA_DIR overrides its folder).
+`probe` drives a running server with the continuous single-stream probe for a while and reports the tokens/s
+each source saw at the same time: the probe client itself, the server's periodic log line (vLLM "Avg
+generation throughput", SGLang "gen throughput"), and the /metrics counters, plus the speculative-decoding
+acceptance from the counters' growth. Exit codes (app.cli.common): 2 also when no server runs to measure,
+4 when an arm's server fails to start or no request finished, 130 cancelled (Ctrl-C; an A/B keeps its
+finished trials in the history and prints what it has). Every bench and A/B lands in the history
+(app.core.measure.store; $TUNEDASH_DATA_DIR overrides its folder).
 """
 
 from __future__ import annotations
@@ -12,13 +15,28 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from app.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_START_FAILED, CliError, _lifecycle, _load, _print
-from app.connect import host_for
+from app.cli.common import (
+    EXIT_OK,
+    EXIT_START_FAILED,
+    CliError,
+    exit_code,
+    lifecycle_for,
+    load_profile,
+    open_host,
+    say,
+)
+from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
+from app.core.errors import Reason
+from app.core.hosts.base import Host
 from app.core.logs.parser import LogParser
+from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts
+from app.core.measure.client import RequestResult
 from app.core.measure.experiment import (
     ARM_LABELS,
     Experiment,
@@ -28,17 +46,12 @@ from app.core.measure.experiment import (
     parse_arm,
 )
 from app.core.measure.http_probes import check_health
-from app.core.measure.loadgen import (
-    AcceptanceMeter,
-    BenchSpec,
-    PromptFileError,
-    RequestResult,
-    build_prompts,
-    run_bench,
-)
+from app.core.measure.metrics import MetricsPoller, MetricsRate, spec_decode_totals
+from app.core.measure.probe import probe_loop
+from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import bench_rows, experiment_text, export_run, text_table
 from app.core.measure.store import HistoryStore, StoreError
-from app.core.profiles.loading import Profile
+from app.core.profiles.types import Profile
 from app.core.server import jobs
 
 
@@ -79,67 +92,59 @@ def _progress_printer(total: int, quiet: bool) -> Any:
 
 # ---- bench ---------------------------------------------------------------------------------------
 async def cmd_bench(args: argparse.Namespace) -> int:
-    profile = _load(args)
+    profile = load_profile(args)
     spec = _spec(profile, args)
-    host = host_for(profile)
+    host = open_host(profile)
     base = await host.http_base(profile.port)
     health = await check_health(base)
     if not health.ok:
         raise CliError(
             f"no ready server of {profile.name} answers on port {profile.port} of {host.name} "
             f"({health.status or health.error}); start it with `tunedash launch {args.profile} --wait`",
-            EXIT_START_FAILED)
+            Reason.NOT_RUNNING)
     record = await jobs.load_job(host, profile.name)
-    flags = dict(record.flags) if record else dict(profile.flags)
-    meter = AcceptanceMeter(profile.backend, base)
-    follower = None
-    if record is not None and record.log_path:
-        follower = asyncio.create_task(_follow(host, record.log_path, profile.backend, meter))
-    store = _store()
-    run_id = store.start_run("bench", profile=profile.name, host=host.name, backend=profile.backend,
-                             model=profile.model, params={"bench": spec.to_json(), "trials": 1},
-                             arms=[("running", "", flags)])
-    status = "cancelled"
-    summary: dict[str, Any] | None = None
-    try:
-        if not args.json:
-            _print(f"bench {profile.name} on {host.name}: {spec.requests} requests at concurrency {spec.concurrency}, "
-                   f"~{spec.input_len} input tokens, {spec.max_tokens} output tokens ({spec.warmup} warm-up)")
-        await meter.start()
-        result = await run_bench(base, profile.model, spec, on_result=_progress_printer(spec.requests, args.json))
-        accept, source = await meter.stop(result.summary.accept_len)
-        summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
-        store.add_trial(run_id, 0, 0, value=result.summary.output_tok_s, summary=summary, accept_len=accept,
-                        accept_source=source, requests=result.results)
-        status = "done"
-    finally:
-        if follower is not None:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
-        store.finish_run(run_id, status, summary=summary)
-        store.close()
+
+    def follow_log(feed: Callable[[object], None]) -> Callable[[], None]:
+        """The server's log from its end, parsed, into the acceptance meter (until the bench ends)."""
+        if record is None or not record.log_path:
+            return lambda: None
+        task = asyncio.create_task(_follow(host, record.log_path, profile.backend, feed))
+
+        def stop() -> None:
+            task.cancel()
+
+        return stop
+
+    if not args.json:
+        say(f"bench {profile.name} on {host.name}: {spec.requests} requests at concurrency {spec.concurrency}, "
+            f"~{spec.input_len} input tokens, {spec.max_tokens} output tokens ({spec.warmup} warm-up)")
+    with _store() as store:
+        done = await run_recorded_bench(
+            base, profile, spec, host_name=host.name, store=store, events=follow_log,
+            running_flags=record.flags if record else profile.flags,
+            on_result=_progress_printer(spec.requests, args.json))
     if args.json:
-        _print(json.dumps({"run_id": run_id, "profile": profile.name, "params": spec.to_json(), **summary}, indent=2))
+        say(json.dumps({"run_id": done.run_id, "profile": profile.name, "params": spec.to_json(), **done.summary},
+                       indent=2))
     else:
-        _print(text_table(bench_rows(summary)))
-        for warning in result.summary.warnings:
-            _print(f"warning: {warning}")
-        _print(f"history: run #{run_id} (`tunedash export {run_id} --format md`)")
-    return EXIT_OK if result.summary.completed else EXIT_START_FAILED
+        say(text_table(bench_rows(done.summary)))
+        for warning in done.result.summary.warnings:
+            say(f"warning: {warning}")
+        say(f"history: run #{done.run_id} (`tunedash export {done.run_id} --format md`)")
+    return EXIT_OK if done.result.summary.completed else EXIT_START_FAILED
 
 
-async def _follow(host: Any, path: str, backend: str, meter: AcceptanceMeter) -> None:
+async def _follow(host: Host, path: str, backend: str, feed: Callable[[object], None]) -> None:
     parser = LogParser(backend)
     async with contextlib.aclosing(host.follow(path, from_start=False)) as lines:
         async for line in lines:
             for event in parser.feed(line):
-                meter.feed(event)
+                feed(event)
 
 
 # ---- ab ------------------------------------------------------------------------------------------
 async def cmd_ab(args: argparse.Namespace) -> int:
-    profile = _load(args)
+    profile = load_profile(args)
     texts = [args.a, args.b, *(args.arm or [])]
     if len(texts) > len(ARM_LABELS):
         raise CliError(f"at most {len(ARM_LABELS)} arms")
@@ -149,29 +154,29 @@ async def cmd_ab(args: argparse.Namespace) -> int:
         raise CliError(f"--trials must be at least 1 (got {trials}); 3 or more give a useful interval")
     spec = ExperimentSpec(arms, trials, _spec(profile, args), interleave=args.interleave,
                           ready_timeout_s=args.ready_timeout)
-    host = host_for(profile)
+    host = open_host(profile)
     quiet = args.json or args.md
-    lifecycle = _lifecycle(profile, host, argparse.Namespace(**{**vars(args), "json": quiet}))  # narrates unless quiet
+    lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": quiet}))  # quiet: no narration
 
     def on_progress(p: ExperimentProgress) -> None:
         if quiet or p.kind in ("request", "done"):
             return
-        _print(f"[{p.trials_done}/{p.trials_total}] {p.text}")
+        say(f"[{p.trials_done}/{p.trials_total}] {p.text}")
 
     store = _store()
     experiment = Experiment(spec, lifecycle, store, on_progress=on_progress)
     if not quiet:
         order = " ".join(ARM_LABELS[a] for a, _ in spec.schedule())
-        _print(f"A/B on {profile.name} ({host.name}): {len(arms)} arms x {trials} trials of {spec.bench.requests} "
+        say(f"A/B on {profile.name} ({host.name}): {len(arms)} arms x {trials} trials of {spec.bench.requests} "
                f"requests at concurrency {spec.bench.concurrency}; order {order}")
         for arm in arms:
-            _print(f"  {arm.label}: {arm.overrides or '(the profile as is)'}")
+            say(f"  {arm.label}: {arm.overrides or '(the profile as is)'}")
     code = EXIT_OK
     try:
         await experiment.run()
     except ExperimentFailed as exc:
         print(f"tunedash: {exc}", file=sys.stderr)
-        code = exc.exit_code
+        code = exit_code(exc)
     except asyncio.CancelledError:
         _report_ab(experiment, args, store)
         print(f"cancelled: the {sum(len(a.values) for a in experiment.result.arms)} finished trials are kept in "
@@ -188,18 +193,18 @@ async def cmd_ab(args: argparse.Namespace) -> int:
 def _report_ab(experiment: Experiment, args: argparse.Namespace, store: HistoryStore) -> None:
     data = experiment.result.to_json()
     if args.json:
-        _print(json.dumps(data, indent=2))
+        say(json.dumps(data, indent=2))
         return
     if args.md and experiment.run_id is not None:
         run = store.run(experiment.run_id)
         if run is not None:
-            _print(export_run(run, "md"))
+            say(export_run(run, "md"))
             return
-    _print(experiment_text(data))
+    say(experiment_text(data))
     last = experiment.result.arms[experiment.spec.schedule()[-1][0]] if experiment.result.status == "done" else None
     if last is not None:
-        _print(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'})")
-    _print(f"history: run #{experiment.run_id} (`tunedash export {experiment.run_id} --format md`)")
+        say(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'})")
+    say(f"history: run #{experiment.run_id} (`tunedash export {experiment.run_id} --format md`)")
 
 
 # ---- history and export --------------------------------------------------------------------------
@@ -207,26 +212,22 @@ def cmd_history(args: argparse.Namespace) -> int:
     with _store() as store:
         runs = store.runs(args.limit)
         if args.json:
-            _print(json.dumps([{
+            say(json.dumps([{
                 "id": r.id, "kind": r.kind, "profile": r.profile, "host": r.host, "backend": r.backend,
                 "model": r.model, "started_at": r.started_at, "finished_at": r.finished_at,
-                "status": _status(r.status, r.finished_at), "trials": r.trial_count, "verdict": r.verdict,
+                "status": r.shown_status, "trials": r.trial_count, "verdict": r.verdict,
                 "summary": r.summary} for r in runs], indent=2))
             return EXIT_OK
         if not runs:
-            _print(f"no runs yet in {store.path}; `tunedash bench PROFILE` or `tunedash ab PROFILE ...` adds some")
+            say(f"no runs yet in {store.path}; `tunedash bench PROFILE` or `tunedash ab PROFILE ...` adds some")
             return EXIT_OK
         rows = [["id", "when", "kind", "profile", "status", "trials", "result"]]
         for r in runs:
             result = r.verdict or _bench_line(r.summary) or ""
             rows.append([str(r.id), time.strftime("%m-%d %H:%M", time.localtime(r.started_at)), r.kind, r.profile,
-                         _status(r.status, r.finished_at), str(r.trial_count), result[:90]])
-        _print(text_table(rows))
+                         r.shown_status, str(r.trial_count), result[:90]])
+        say(text_table(rows))
     return EXIT_OK
-
-
-def _status(status: str, finished: float | None) -> str:
-    return "interrupted" if status == "running" and finished is None else status
 
 
 def _bench_line(summary: dict[str, Any] | None) -> str:
@@ -240,7 +241,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with _store() as store:
         run = store.run(args.id)
         if run is None:
-            raise CliError(f"no run #{args.id} in {store.path}; `tunedash history` lists the runs", EXIT_BAD_INPUT)
+            raise CliError(f"no run #{args.id} in {store.path}; `tunedash history` lists the runs")
         text = export_run(run, args.format)
     if args.output:
         try:
@@ -248,10 +249,99 @@ def cmd_export(args: argparse.Namespace) -> int:
                 fh.write(text)
         except OSError as exc:
             raise CliError(f"{args.output}: cannot write the export ({exc.strerror or exc})") from None
-        _print(f"run #{args.id} written to {args.output}")
+        say(f"run #{args.id} written to {args.output}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+# ---- probe ---------------------------------------------------------------------------------------
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+async def cmd_probe(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    record = await jobs.load_job(host, profile.name)
+    if record is None or not await jobs.job_members(host, record):
+        raise CliError(f"{profile.name}: no server of this profile is running on {host.name}; "
+                       f"start it with `tunedash launch {args.profile} --wait`", Reason.NOT_RUNNING)
+    base = await host.http_base(record.port)  # an SSH host forwards the port
+    probe_points: list[ThroughputPoint] = []
+    errors: list[str] = []
+    log_stats: list[DecodeStats] = []
+    spec_lines: list[SpecDecodeStats] = []
+    rates: list[MetricsRate] = []
+
+    async def follow_log() -> None:
+        parser = LogParser(record.backend)
+        async with contextlib.aclosing(host.follow(record.log_path, from_start=False)) as lines:
+            async for line in lines:
+                for event in parser.feed(line):
+                    if isinstance(event, DecodeStats):
+                        log_stats.append(event)
+                    elif isinstance(event, SpecDecodeStats):
+                        spec_lines.append(event)
+
+    poller = MetricsPoller(base, record.backend, period_s=args.metrics_period)
+    before = await poller.read()
+    tasks = [
+        asyncio.create_task(follow_log()),
+        asyncio.create_task(poller.run(rates.append)),
+        asyncio.create_task(probe_loop(base, record.model, probe_points.append, errors.append,
+                                       max_tokens=args.max_tokens)),
+    ]
+    try:
+        await asyncio.sleep(args.seconds)
+        # The log line comes every ~10 s while busy: wait a little longer for one if none came yet.
+        extra = 0.0
+        while not log_stats and extra < args.log_wait:
+            await asyncio.sleep(0.5)
+            extra += 0.5
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    after = await poller.read()
+    spec = spec_decode_totals(before.values, after.values, record.backend) if before and after else None
+    busy = [r.tokens_per_s for r in rates if r.tokens > 0]
+    data: dict[str, Any] = {
+        "profile": profile.name,
+        "probe": {"requests": len(probe_points), "median_tps": _median([p.tokens_per_s for p in probe_points]),
+                  "errors": errors[:5]},
+        "log": {"lines": len(log_stats), "median_tps": _median([s.gen_tps for s in log_stats]),
+                "last_tps": log_stats[-1].gen_tps if log_stats else None},
+        "metrics": {"windows": len(rates), "busy_windows": len(busy), "median_tps": _median(busy),
+                    "answered": before is not None},
+        "spec_decode": None if spec is None else {
+            "accepted": spec.accepted, "drafts": spec.drafts, "draft_tokens": spec.draft_tokens,
+            "accept_len": None if spec.accept_len is None else round(spec.accept_len, 3),
+            "accept_rate": None if spec.accept_rate is None else round(spec.accept_rate, 4)},
+        "spec_decode_log": None if not spec_lines else {
+            "lines": len(spec_lines), "mean_accept_len": spec_lines[-1].mean_accept_len,
+            "accept_rate": spec_lines[-1].accept_rate},
+    }
+    if args.json:
+        say(json.dumps(data, indent=2))
+    else:
+        say(f"probe:   {_fmt(data['probe']['median_tps'])} tok/s (median of {len(probe_points)} requests)")
+        say(f"log:     {_fmt(data['log']['median_tps'])} tok/s (median of {len(log_stats)} throughput lines)")
+        say(f"metrics: {_fmt(data['metrics']['median_tps'])} tok/s (median of {len(busy)} busy "
+               f"{args.metrics_period:g} s windows)")
+        if spec is not None:
+            say(f"spec decode: {spec.accepted:.0f} of {spec.draft_tokens:.0f} draft tokens accepted, "
+                   f"acceptance length {_fmt(spec.accept_len)}")
+    if not probe_points:
+        print(f"tunedash probe: no request finished: {errors[0] if errors else 'no answer'}", file=sys.stderr)
+        return EXIT_START_FAILED
+    return EXIT_OK
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 # ---- registration --------------------------------------------------------------------------------
@@ -276,7 +366,6 @@ def register(sub: Any, with_overrides: Any) -> None:
     """Add bench, ab, history and export to the `tunedash` subparsers."""
     p = sub.add_parser("bench", help="benchmark the running server: N requests at concurrency C")
     p.add_argument("profile")
-    with_overrides(p)
     _bench_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -308,3 +397,13 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--format", choices=["md", "csv", "json"], default="md")
     p.add_argument("-o", "--output", help="write to a file instead of stdout")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("probe", help="probe the running server; tok/s from the probe, the log and /metrics")
+    p.add_argument("profile")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long to probe")
+    p.add_argument("--log-wait", type=float, default=15.0,
+                   help="extra seconds to wait for the server's first throughput log line")
+    p.add_argument("--max-tokens", type=int, default=96, help="output tokens per probe request")
+    p.add_argument("--metrics-period", type=float, default=2.0, help="seconds between /metrics scrapes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_probe)

@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any
 
+from app.cli.common import EXIT_BAD_INPUT, EXIT_OK
 from app.core.hosts.base import HostError
 from app.core.hosts.ssh_trust import (
     SshTarget,
@@ -20,10 +21,8 @@ from app.core.hosts.ssh_trust import (
     connect_options,
     inspect_host_key,
 )
-from app.core.profiles.loading import ProfileError, resolve_profile
-
-EXIT_OK = 0
-EXIT_REFUSED = 2
+from app.core.profiles.loading import resolve_profile
+from app.core.profiles.types import ProfileError
 
 
 def _spec(name: str) -> str:
@@ -50,16 +49,16 @@ async def cmd_trust(args: argparse.Namespace) -> int:
         return EXIT_OK
     if request.status == "changed":
         print(f"tunedash: {changed_message(request)}", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_BAD_INPUT
     if not args.yes:
         if not sys.stdin.isatty():
             print("tunedash: not asking without a terminal; compare the fingerprint with the host's own key, then "
                   f"run `tunedash trust {args.host} --yes`", file=sys.stderr)
-            return EXIT_REFUSED
+            return EXIT_BAD_INPUT
         answer = await asyncio.to_thread(input, f"Add it to {request.known_hosts_file}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("not trusted; nothing changed")
-            return EXIT_REFUSED
+            return EXIT_BAD_INPUT
     add_known_host(request)
     print(f"added {request.host} to {request.known_hosts_file}")
     return EXIT_OK

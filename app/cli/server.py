@@ -1,54 +1,203 @@
-"""`tunedash flags` (what the installed server accepts) and `tunedash probe` (tok/s from probe, log, /metrics).
+"""The server commands: `gpus`, `launch`, `status`, `kill`, `free`, `relaunch`, `log`, `flags`.
 
-Both talk to the real server of a profile: `flags` asks its interpreter (`python -m MODULE --help`,
-cached: app.core.flags.discovery); `probe` drives a running server with the continuous single-stream probe for
-a while and reports the tokens/s each source saw at the same time: the probe client itself, the server's
-periodic log line (vLLM "Avg generation throughput", SGLang "gen throughput"), and the /metrics counters
-(vLLM vllm:generation_tokens_total), plus the speculative-decoding acceptance from the counters' growth.
-Registered in app.cli.main by `register`.
+`flags` asks the profile's interpreter which flags the installed server accepts (`python -m MODULE --help`,
+cached: app.core.flags.discovery); `launch` and `relaunch` refuse a flag it rejects before anything is killed.
+Registered by app.cli.main through `register`; exit codes come from app.cli.common.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
-from app.connect import host_for
-from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
-from app.core.flags.discovery import discover_flags
-from app.core.flags.rules import catalog, spec_accepted
+from app.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_GPUS_HELD,
+    EXIT_OK,
+    EXIT_START_FAILED,
+    EXIT_UNREADABLE,
+    CliError,
+    lifecycle_for,
+    load_profile,
+    open_host,
+    say,
+)
+from app.core.data import ServerState
+from app.core.flags.discovery import discover_flags, spec_accepted
+from app.core.flags.values import catalog
 from app.core.hosts.base import Host
-from app.core.logs.parser import LogParser
-from app.core.measure.loadgen import probe_loop
-from app.core.measure.metrics import MetricsPoller, MetricsRate, spec_decode_totals
-from app.core.profiles.loading import Profile, ProfileError, apply_overrides, launch_env, resolve_profile
+from app.core.hosts.local import LocalHost
+from app.core.profiles.render import launch_env
+from app.core.profiles.types import Profile, ProfileError
 from app.core.server import jobs
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_NO_TOKENS = 4
-
-
-def _load(args: argparse.Namespace) -> Profile:
-    profile = resolve_profile(args.profile)
-    if getattr(args, "set", None) or getattr(args, "unset", None):
-        profile = apply_overrides(profile, args.set or [], args.unset or [])
-    return profile
+from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.status import inspect_job, status_to_json
+from app.core.telemetry.smi import snapshot_to_json, telemetry_for
 
 
-def _print(text: str) -> None:
-    print(text, flush=True)
+def _phase_line(times: dict[str, float]) -> str:
+    order = ["kill", "release", "start", "load", "capture", "warmup", "ready"]
+    return "  ".join(f"{name} {times[name]:.2f}s" for name in order if name in times)
+
+
+def _crash_report(lifecycle: ServerLifecycle) -> str:
+    lines = ["server failed to start"]
+    if lifecycle.fatal is not None:
+        lines.append(f"fatal: {lifecycle.fatal.text}")
+        lines.extend(f"  {line}" for line in lifecycle.fatal.context[-12:])
+    else:
+        lines.append("last log lines:")
+        lines.extend(f"  {line}" for line in list(lifecycle.last_lines)[-12:])
+    if lifecycle.record:
+        lines.append(f"full log: {lifecycle.record.log_path}")
+    return "\n".join(lines)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+async def cmd_gpus(args: argparse.Namespace) -> int:
+    host: Host = open_host(load_profile(args)) if args.profile else LocalHost("local")
+    source = args.source or ("nvml" if getattr(host, "is_local", False) and host.name == "local" else "smi")
+    gpus = tuple(load_profile(args).gpus) if args.profile else None
+    try:
+        telemetry = telemetry_for(host, source, gpus)
+    except ValueError as exc:  # --source nvml for a remote host
+        raise CliError(str(exc)) from None
+    snapshot = await telemetry.sample()
+    data = snapshot_to_json(snapshot)
+    data["host"] = host.name
+    data["source"] = source
+    if args.json:
+        say(json.dumps(data, indent=2))
+    else:
+        if snapshot.error is not None:
+            message = snapshot.error.message.strip()
+            say(message if message.startswith(f"{host.name}:") else f"{host.name}: {message}")
+            if snapshot.error.hint:
+                say(f"  {snapshot.error.hint}")
+        for gpu in data.get("gpus", []):
+            used = gpu.get("memory_used_mib")
+            total = gpu.get("memory_total_mib")
+            say(
+                f"GPU{gpu['index']} {gpu.get('name') or '?'}: "
+                f"{'n/a' if used is None else used} / {'n/a' if total is None else total} MiB"
+            )
+            for proc in gpu.get("processes") or []:
+                say(f"    pid {proc['pid']} {proc['name']} {proc.get('used_mib')} MiB")
+    return EXIT_OK if snapshot.error is None else EXIT_UNREADABLE
+
+
+async def cmd_launch(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    await refuse_rejected_flags(profile, host)  # a flag the installed server rejects (app.core.flags.discovery)
+    lifecycle = lifecycle_for(profile, host, args)
+    record = await lifecycle.launch()
+    if not args.wait:
+        if args.json:
+            say(json.dumps({"pid": record.pid, "pgid": record.pgid, "log": record.log_path}))
+        await lifecycle.close()
+        return EXIT_OK
+    state = await lifecycle.wait_ready(args.timeout)
+    await lifecycle.close()
+    return _report_start(lifecycle, state, args)
+
+
+def _report_start(lifecycle: ServerLifecycle, state: ServerState, args: argparse.Namespace) -> int:
+    times = lifecycle.phase_times
+    if args.json:
+        pid = lifecycle.record.pid if lifecycle.record else None
+        say(json.dumps({"state": state.value, "phase_times": times, "pid": pid}))
+    if state == ServerState.READY:
+        if not args.json:
+            say(f"ready: {_phase_line(times)}")
+        return EXIT_OK
+    if state == ServerState.CRASHED:
+        print(_crash_report(lifecycle), file=sys.stderr)
+        return EXIT_START_FAILED
+    print(f"server not ready after {args.timeout} s (state {state.value}); it keeps starting", file=sys.stderr)
+    return EXIT_START_FAILED
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    report = await inspect_job(host, profile)
+    data = status_to_json(report)
+    if args.json:
+        say(json.dumps(data, indent=2))
+    else:
+        say(f"{profile.name} on {host.name}: {data['state']}")
+        for key in ("pid", "pgid", "port", "backend", "model", "since", "launched_by"):
+            if data.get(key) is not None:
+                say(f"  {key}: {data[key]}")
+        if data.get("phase_times"):
+            say(f"  phases: {_phase_line(data['phase_times'])}")
+        for name, value in sorted((data.get("flags") or {}).items()):
+            say(f"  --{name} {value}")
+        for notice in data.get("notices") or []:
+            say(f"  notice: {notice}")
+        if data.get("fatal"):
+            say(f"  fatal: {data['fatal']}")
+            say(f"  log: {data.get('log_path')}")
+    return EXIT_OK
+
+
+async def cmd_kill(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    lifecycle = lifecycle_for(profile, host, args)
+    verdict = await lifecycle.kill(confirm_free=args.confirm_free)
+    if verdict is not None and not verdict.confirmed:
+        return EXIT_GPUS_HELD
+    return EXIT_OK
+
+
+async def cmd_free(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    lifecycle = lifecycle_for(profile, host, args)
+    record = await jobs.load_job(host, profile.name)
+    verdict = await lifecycle.confirm_free(record)
+    if args.json:
+        say(json.dumps({"free": verdict.confirmed, "used_mib": verdict.used_mib,
+                        "holders": [h.__dict__ for h in verdict.holders]}))
+    return EXIT_OK if verdict.confirmed else EXIT_GPUS_HELD
+
+
+async def cmd_relaunch(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    host = open_host(profile)
+    await refuse_rejected_flags(profile, host)  # before the kill: a doomed relaunch keeps the server
+    lifecycle = lifecycle_for(profile, host, args)
+    state = await lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout)
+    await lifecycle.close()
+    args.timeout = args.ready_timeout
+    return _report_start(lifecycle, state, args)
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from app.core.logs.parser import event_to_json, parse_lines, read_log_lines, summary_to_json
+
+    path = Path(args.file)
+    try:
+        parsed = parse_lines(read_log_lines(path), args.backend)
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+    if args.json:
+        for event in parsed.events:
+            say(json.dumps(event_to_json(event)))
+        return EXIT_OK
+    say(json.dumps(summary_to_json(parsed.summary()), indent=2))
+    return EXIT_OK
 
 
 # ---- flags ---------------------------------------------------------------------------------------
 async def cmd_flags(args: argparse.Namespace) -> int:
-    profile = _load(args)
-    host = host_for(profile)
+    profile = load_profile(args)
+    host = open_host(profile)
     found = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile),
                                  refresh=args.refresh)
     specs = catalog(profile.backend)
@@ -62,17 +211,17 @@ async def cmd_flags(args: argparse.Namespace) -> int:
         "offered": offered, "rejected": rejected, "rejected_in_profile": in_profile,
     }
     if args.json:
-        _print(json.dumps(data, indent=2))
+        say(json.dumps(data, indent=2))
     elif not found.known:
-        _print(f"{profile.name}: the installed server's flags are unknown: {found.reason}")
-        _print(f"  the whole {profile.backend} catalog is offered ({len(specs)} flags)")
+        say(f"{profile.name}: the installed server's flags are unknown: {found.reason}")
+        say(f"  the whole {profile.backend} catalog is offered ({len(specs)} flags)")
     else:
-        _print(f"{profile.name}: {found.describe()}: {len(found.flags or ())} flags in its --help"
+        say(f"{profile.name}: {found.describe()}: {len(found.flags or ())} flags in its --help"
                f"{' (cached)' if found.cached else ''}")
-        _print(f"  catalog: {len(offered)} offered, {len(rejected)} not accepted by this version"
+        say(f"  catalog: {len(offered)} offered, {len(rejected)} not accepted by this version"
                + (": " + ", ".join(f"--{n}" for n in rejected) if rejected else ""))
         for name in in_profile:
-            _print(f"  {profile.source}: flags.{name}: not accepted by this version; remove it")
+            say(f"  {profile.source}: flags.{name}: not accepted by this version; remove it")
     return EXIT_BAD_INPUT if in_profile else EXIT_OK
 
 
@@ -86,110 +235,60 @@ async def refuse_rejected_flags(profile: Profile, host: Host) -> None:
                                f"--{name}; remove it from the profile (or --unset {name})")
 
 
-# ---- probe ---------------------------------------------------------------------------------------
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 2) if values else None
-
-
-async def cmd_probe(args: argparse.Namespace) -> int:
-    profile = _load(args)
-    host = host_for(profile)
-    record = await jobs.load_job(host, profile.name)
-    if record is None or not await jobs.job_members(host, record):
-        raise ProfileError(f"{profile.name}: no server of this profile is running on {host.name}; "
-                           f"start it with `tunedash launch {args.profile} --wait`")
-    base = await host.http_base(record.port)  # an SSH host forwards the port
-    probe_points: list[ThroughputPoint] = []
-    errors: list[str] = []
-    log_stats: list[DecodeStats] = []
-    spec_lines: list[SpecDecodeStats] = []
-    rates: list[MetricsRate] = []
-
-    async def follow_log() -> None:
-        parser = LogParser(record.backend)
-        async with contextlib.aclosing(host.follow(record.log_path, from_start=False)) as lines:
-            async for line in lines:
-                for event in parser.feed(line):
-                    if isinstance(event, DecodeStats):
-                        log_stats.append(event)
-                    elif isinstance(event, SpecDecodeStats):
-                        spec_lines.append(event)
-
-    poller = MetricsPoller(base, record.backend, period_s=args.metrics_period)
-    before = await poller.read()
-    tasks = [
-        asyncio.create_task(follow_log()),
-        asyncio.create_task(poller.run(rates.append)),
-        asyncio.create_task(probe_loop(base, record.model, probe_points.append, errors.append,
-                                       max_tokens=args.max_tokens)),
-    ]
-    try:
-        await asyncio.sleep(args.seconds)
-        # The log line comes every ~10 s while busy: wait a little longer for one if none came yet.
-        extra = 0.0
-        while not log_stats and extra < args.log_wait:
-            await asyncio.sleep(0.5)
-            extra += 0.5
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    after = await poller.read()
-    spec = spec_decode_totals(before.values, after.values, record.backend) if before and after else None
-    busy = [r.tokens_per_s for r in rates if r.tokens > 0]
-    data: dict[str, Any] = {
-        "profile": profile.name,
-        "probe": {"requests": len(probe_points), "median_tps": _median([p.tokens_per_s for p in probe_points]),
-                  "errors": errors[:5]},
-        "log": {"lines": len(log_stats), "median_tps": _median([s.gen_tps for s in log_stats]),
-                "last_tps": log_stats[-1].gen_tps if log_stats else None},
-        "metrics": {"windows": len(rates), "busy_windows": len(busy), "median_tps": _median(busy),
-                    "answered": before is not None},
-        "spec_decode": None if spec is None else {
-            "accepted": spec.accepted, "drafts": spec.drafts, "draft_tokens": spec.draft_tokens,
-            "accept_len": None if spec.accept_len is None else round(spec.accept_len, 3),
-            "accept_rate": None if spec.accept_rate is None else round(spec.accept_rate, 4)},
-        "spec_decode_log": None if not spec_lines else {
-            "lines": len(spec_lines), "mean_accept_len": spec_lines[-1].mean_accept_len,
-            "accept_rate": spec_lines[-1].accept_rate},
-    }
-    if args.json:
-        _print(json.dumps(data, indent=2))
-    else:
-        _print(f"probe:   {_fmt(data['probe']['median_tps'])} tok/s (median of {len(probe_points)} requests)")
-        _print(f"log:     {_fmt(data['log']['median_tps'])} tok/s (median of {len(log_stats)} throughput lines)")
-        _print(f"metrics: {_fmt(data['metrics']['median_tps'])} tok/s (median of {len(busy)} busy "
-               f"{args.metrics_period:g} s windows)")
-        if spec is not None:
-            _print(f"spec decode: {spec.accepted:.0f} of {spec.draft_tokens:.0f} draft tokens accepted, "
-                   f"acceptance length {_fmt(spec.accept_len)}")
-    if not probe_points:
-        print(f"tunedash probe: no request finished: {errors[0] if errors else 'no answer'}", file=sys.stderr)
-        return EXIT_NO_TOKENS
-    return EXIT_OK
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
 
 
 # ---- registration --------------------------------------------------------------------------------
-def register(sub: Any) -> None:
-    """Add `flags` and `probe` to the `tunedash` subcommands (app.cli.main calls this)."""
+def register(sub: Any, with_overrides: Any) -> None:
+    """Add the server commands to the `tunedash` subparsers (app.cli.main calls this)."""
+    p = sub.add_parser("gpus", help="one GPU snapshot (this machine, or a profile's host)")
+    p.add_argument("profile", nargs="?")
+    p.add_argument("--source", choices=["nvml", "smi"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gpus)
+
+    p = sub.add_parser("launch", help="launch the profile's server detached")
+    p.add_argument("profile")
+    with_overrides(p)
+    p.add_argument("--wait", action="store_true", help="wait until ready (exit 4 if it crashes)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("status", help="state of the profile's server")
+    p.add_argument("profile")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("kill", help="SIGTERM, grace, SIGKILL the server's process group")
+    p.add_argument("profile")
+    p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
+    p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    p.set_defaults(func=cmd_kill)
+
+    p = sub.add_parser("free", help="wait until the profile's GPUs are free (exit 3 if not)")
+    p.add_argument("profile")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_free)
+
+    p = sub.add_parser("relaunch", help="kill -> confirm free -> launch -> ready, timing each phase")
+    p.add_argument("profile")
+    with_overrides(p)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for ready")
+    p.add_argument("--grace", type=float, default=15.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_relaunch)
+
+    p = sub.add_parser("log", help="parse a server log: events as JSON lines, or a summary")
+    p.add_argument("file")
+    p.add_argument("--backend", choices=["sglang", "vllm"])
+    p.add_argument("--json", action="store_true", help="one JSON event per line")
+    p.set_defaults(func=cmd_log)
+
     p = sub.add_parser("flags", help="which catalog flags the installed server accepts (from its --help)")
     p.add_argument("profile")
     p.add_argument("--refresh", action="store_true", help="ask the server again instead of the cache")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_flags)
-
-    p = sub.add_parser("probe", help="probe the running server; tok/s from the probe, the log and /metrics")
-    p.add_argument("profile")
-    p.add_argument("--seconds", type=float, default=20.0, help="how long to probe")
-    p.add_argument("--log-wait", type=float, default=15.0,
-                   help="extra seconds to wait for the server's first throughput log line")
-    p.add_argument("--max-tokens", type=int, default=96, help="output tokens per probe request")
-    p.add_argument("--metrics-period", type=float, default=2.0, help="seconds between /metrics scrapes")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_probe)

@@ -1,9 +1,62 @@
-"""Plain data shared by the core, the CLI and the widgets: GPU samples, server states, log events."""
+"""Plain data shared by the core, the CLI and the widgets: GPU samples, server states, log events, flag changes.
+
+Widgets may import this module and no other of app.core (pyproject's import contracts), so a type that a
+widget shows as it is lives here. The string states that travel in files and events are Literals here too,
+with the validator that reads them where they enter (a profile, a job record).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Literal, TypeVar, get_args
+
+Backend = Literal["sglang", "vllm", "custom"]
+"""The server a profile launches: SGLang, vLLM, or any command (the "custom" backend). Spelled so in TOML."""
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+"""Every Backend, in the order error messages list them."""
+
+ConnectionState = Literal["connected", "lost", "reconnecting", "failed"]
+"""The connection to a remote host: up, dropped, being retried, or given up on."""
+
+EventLevel = Literal["info", "warning", "error"]
+"""How much an event-log line matters."""
+
+JobOutcome = Literal["running", "ready", "crashed", "killed"]
+"""How a launch recorded in a job file went so far: started, ready, died on its own, or killed by us.
+Spelled so in the job record's JSON."""
+JOB_OUTCOMES: tuple[JobOutcome, ...] = get_args(JobOutcome)
+
+_Named = TypeVar("_Named", bound=str)
+
+
+def one_of(value: object, choices: tuple[_Named, ...]) -> _Named | None:
+    """`value` as one of `choices` (a Literal's values), or None when it is none of them: the check a string
+    read from a file or the network passes before it travels inward as a typed state."""
+    return next((choice for choice in choices if choice == value), None)
+
+
+FlagValue = bool | int | float | str | dict[str, Any]
+"""A flag's value in a profile (JSON-kind flags hold a dict), or one word of a command line."""
+
+
+@dataclass(frozen=True)
+class FlagChange:
+    """One difference between two flag sets. `flag` is dotted for a key of a JSON flag; None = absent.
+
+    A profile diff (app.core.profiles.loading.flag_diff) holds typed values; the diff screen's command-line
+    diff holds the words (a bare switch is "")."""
+
+    flag: str
+    old: FlagValue | None
+    new: FlagValue | None
+
+    @property
+    def kind(self) -> Literal["added", "removed", "changed"]:
+        """"added", "removed" or "changed"."""
+        if self.old is None:
+            return "added"
+        return "removed" if self.new is None else "changed"
 
 
 @dataclass(frozen=True)
@@ -14,6 +67,22 @@ class GpuProcess:
     name: str
     used_mib: int | None  # None when the driver cannot say (WDDM: "[N/A]")
     gpu_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something still holding memory on a GPU: a process, or memory with no visible process (pid None)."""
+
+    gpu: int
+    pid: int | None
+    name: str
+    used_mib: int | None
+
+    def describe(self) -> str:
+        mib = "? MiB" if self.used_mib is None else f"{self.used_mib} MiB"
+        if self.pid is None:
+            return f"GPU{self.gpu}: {mib} held, no visible process"
+        return f"GPU{self.gpu}: pid {self.pid} {self.name} {mib}"
 
 
 @dataclass(frozen=True)
@@ -64,7 +133,7 @@ class GpuSnapshot:
 
 
 class ServerState(StrEnum):
-    """The lifecycle states of a server (ARCHITECTURE.md, Server lifecycle)."""
+    """The lifecycle states of a server (docs/architecture.md#server-states)."""
 
     STOPPED = "STOPPED"
     LAUNCHING = "LAUNCHING"
@@ -175,3 +244,11 @@ class ThroughputPoint:
     tokens_per_s: float
     source: str
     accept_len: float | None = None
+
+
+@dataclass(frozen=True)
+class RelaunchMarker:
+    """Where a relaunch happened on the throughput chart (wall-clock `at`), and with which change ("steps 1 -> 3")."""
+
+    at: float
+    text: str

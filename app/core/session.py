@@ -13,39 +13,46 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from app.core.data import DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats, ThroughputPoint
+from app.core.data import (
+    DecodeStats,
+    EventLevel,
+    FlagChange,
+    FlagValue,
+    GpuSnapshot,
+    RelaunchMarker,
+    ServerState,
+    SpecDecodeStats,
+    ThroughputPoint,
+)
 from app.core.flags.discovery import ServerFlags, discover_flags
-from app.core.flags.rules import FlagError, FlagValue, Toggle, apply_toggle, set_flag, toggle_value
+from app.core.flags.toggles import Toggle, apply_toggle, toggle_value
+from app.core.flags.values import FlagError, set_flag
 from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.measure.http_probes import server_info
-from app.core.measure.loadgen import probe_loop
 from app.core.measure.metrics import MetricsPoller, MetricsRate
-from app.core.profiles.loading import FlagChange, Profile, describe_change, flag_diff, launch_argv, launch_env
+from app.core.measure.probe import probe_loop
+from app.core.profiles.render import describe_change, flag_diff, launch_argv, launch_env
+from app.core.profiles.types import Profile
 from app.core.server import driver, jobs
-from app.core.server.lifecycle import (
+from app.core.server.events import (
     ActionLogged,
-    LaunchRefused,
+    Launched,
     LifecycleEvent,
-    ServerLifecycle,
+    LifecycleView,
+    Listeners,
     ServerLogEvent,
     StateChanged,
 )
+from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.preflight import LaunchRefused
 from app.core.telemetry.smi import Telemetry, telemetry_for
 
 
 class ReadOnlyError(Exception):
     """A command that signals or launches was refused because the session is read-only."""
-
-
-@dataclass(frozen=True)
-class RelaunchMarker:
-    """Where a relaunch happened on the throughput chart, and with which change ("steps 1 -> 3")."""
-
-    at: float
-    text: str
 
 
 class Session:
@@ -83,7 +90,7 @@ class Session:
         self.autolaunch = autolaunch and not readonly
         self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
-        self._listeners: list[Callable[[LifecycleEvent], None]] = []
+        self._listeners = Listeners()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
@@ -94,12 +101,18 @@ class Session:
         self.server_flags: ServerFlags | None = None  # None until discovered
         self._metrics_task: asyncio.Task[None] | None = None
         self._tail_task: asyncio.Task[None] | None = None
+        self.log_path: str | None = None  # the log the log view follows: the running launch's
 
     # ---- wiring ----------------------------------------------------------------------------------
-    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> None:
-        self._listeners.append(listener)
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
+        """Receive every lifecycle event (and the session's own notes) from now on; returns the unsubscriber."""
+        return self._listeners.subscribe(listener)
 
-    def _note(self, text: str, level: str = "info") -> None:
+    def view(self) -> LifecycleView:
+        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read."""
+        return self.lifecycle.view()
+
+    def _note(self, text: str, level: EventLevel = "info") -> None:
         self._on_lifecycle(ActionLogged(text, level))
 
     def _on_lifecycle(self, event: LifecycleEvent) -> None:
@@ -109,6 +122,9 @@ class Session:
             self.connection = event
         elif isinstance(event, StateChanged):
             self._on_state(event.state)
+        elif isinstance(event, Launched):  # whoever launched (a key, an A/B arm): this is what runs now
+            self.profile = event.profile
+            self._follow_server_log(event.record.log_path)
         elif isinstance(event, ServerLogEvent):
             payload = event.event
             if event.replayed:
@@ -118,8 +134,7 @@ class Session:
             elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None and self.throughput:
                 last = self.throughput[-1]
                 self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
-        for listener in list(self._listeners):
-            listener(event)
+        self._listeners.emit(event)
         self.changed.set()
 
     def _on_state(self, state: ServerState) -> None:
@@ -202,6 +217,7 @@ class Session:
         """Keep the log view's lines from this launch's log (one follower at a time)."""
         if self._tail_task is not None:
             self._tail_task.cancel()
+        self.log_path = path
         self._tail_task = self._spawn(self._tail_log(path))
 
     async def _tail_log(self, path: str) -> None:
@@ -365,10 +381,7 @@ class Session:
     async def launch(self) -> None:
         self._guard("launch")
         self.lifecycle.profile = self.pending_profile
-        await self.lifecycle.launch()
-        self.profile = self.pending_profile
-        if self.lifecycle.record is not None:
-            self._follow_server_log(self.lifecycle.record.log_path)
+        await self.lifecycle.launch()  # its Launched event makes the profile the running one and follows the log
 
     async def kill(self) -> None:
         self._guard("kill")
@@ -379,25 +392,23 @@ class Session:
         self._guard("confirm free")
         await self.lifecycle.confirm_free(self.lifecycle.record)
 
-    async def relaunch(self) -> None:
-        """kill -> confirm free -> launch -> ready with the pending flags; marks the chart with the change."""
+    async def relaunch(self, profile: Profile | None = None, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState:
+        """kill -> confirm free -> launch -> ready (ServerLifecycle.relaunch) with `profile`, by default the
+        pending flags; marks the chart with the change. An A/B arm relaunches through here too."""
         self._guard("relaunch")
-        change = self.describe_pending()
-        new_profile = self.pending_profile
+        new_profile = profile or self.pending_profile
+        if change is None:
+            change = self.describe_pending() if profile is None else self._describe(self.profile, new_profile)
         self._stop_probe()
         self._note(f"relaunch: {change}")
         self.markers.append(RelaunchMarker(time.time(), change))
-        await self.lifecycle.kill(confirm_free=True)
-        if self.lifecycle.state != ServerState.FREE:
-            self._note("relaunch stopped: the GPUs did not come free", "error")
-            return
-        self.lifecycle.profile = new_profile
-        await self.lifecycle.launch()
-        self.profile = new_profile
-        if self.lifecycle.record is not None:
-            self._follow_server_log(self.lifecycle.record.log_path)
-        state = await self.lifecycle.wait_ready()
-        times = self.lifecycle.phase_times
+        state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=ready_timeout_s)
         if state == ServerState.READY:
-            parts = ", ".join(f"{k} {v:.1f}s" for k, v in times.items())
+            parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.lifecycle.phase_times.items())
             self._note(f"relaunched with {change}: {parts}")
+        return state
+
+    def _describe(self, old: Profile, new: Profile) -> str:
+        changes = flag_diff(old.flags, new.flags)
+        return ", ".join(describe_change(c, old.toggles) for c in changes) or "no change"

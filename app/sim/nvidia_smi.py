@@ -3,7 +3,7 @@
 Run as `python -m app.sim.nvidia_smi ARGS` (the state folder's bin/nvidia-smi wrapper does that) with
 TUNEDASH_SIM_STATE pointing at the state folder. Stdlib only: it is spawned often and must start fast.
 
-Supported, matching the real tool (research/gpu_telemetry.md sections 1, 2, 4, 5):
+Supported, matching the real tool (docs/gpus.md):
     --query-gpu=F1,F2 [--format=csv[,noheader][,nounits]] [-i IDS] [-l [SEC] | -lms MS]
     --query-compute-apps=F1,F2 ...   (one row per process and GPU; nothing at all when no process holds memory)
     -L                               (GPU 0: NAME (UUID: GPU-...))

@@ -1,8 +1,8 @@
 """SGLang 0.5.10-0.5.12 command line for the simulated server: argparse, auto-resolved values, auto-disable rules.
 
 Flags carry SGLang's real names (argparse with prefix matching, like SGLang; unknown flags exit 2 with
-`launch_server.py: error: unrecognized arguments: ...`). resolve() applies the 0.5.10 rules of
-research/servers.md section 2 and returns the messages SGLang logs from the main process, in order;
+`launch_server.py: error: unrecognized arguments: ...`). resolve() applies the 0.5.10 rules
+(docs/servers.md#sglang-command-line) and returns the messages SGLang logs from the main process, in order;
 silent rules (piecewise CUDA graph off with speculative decoding, a multimodal architecture, torch.compile,
 DP attention, pp>1, LoRA) log nothing but show in the resolved values (`disable_piecewise_cuda_graph`).
 The overlap/spec-v2 rules follow 0.5.10: SGLANG_ENABLE_SPEC_V2 defaults to False.
@@ -100,7 +100,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _auto_cuda_graph_max_bs(total_gb: float, tp: int) -> int:
-    # 0.5.6 table (research/servers.md section 1).
+    # SGLang 0.5.6's own table, read in its source (a "notes" fact: docs/servers.md#where-a-fact-was-checked).
     if total_gb < 20:
         return 8
     if total_gb < 35:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import tomllib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,14 +24,14 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.core.data import ServerState, ThroughputPoint
-from app.core.flags.rules import toggle_value
+from app.core.data import ConnectionState, ServerState
 from app.core.hosts.base import ConnectionChanged, Host
-from app.core.profiles.loading import Profile
-from app.core.server.lifecycle import ActionLogged, LifecycleEvent
+from app.core.profiles.types import Profile
+from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.tui.bench import BenchKeys
 from app.tui.commands import FlagCommands
+from app.tui.views import NO_GPUS, connection_note, latest_figures, server_view, toggle_rows
 from widgets import (
     ConfirmModal,
     DiffScreen,
@@ -40,9 +40,7 @@ from widgets import (
     FlagsPanel,
     GpuPanel,
     HelpScreen,
-    Holder,
     LogViewScreen,
-    RelaunchMarker,
     ServerPanel,
     ServerView,
     ThroughputChart,
@@ -50,16 +48,13 @@ from widgets import (
 )
 
 UI_PERIOD_S = 0.5
-"""The UI pushes the Session's state at 2 Hz (STYLE: 2-4 Hz): at 4 Hz, with 8 GPUs changing figures every sample,
-each tick's restyled cells and the screen update after it were about a third of the dashboard's CPU. A key does
-not wait for the tick: its action pushes what it changed at once (see _refresh_soon)."""
+"""The UI pushes the Session's state at 2 Hz; a key does not wait for the tick, its action pushes what it changed
+at once (see _refresh_soon). Why 2 Hz: docs/decisions.md#ui-push-rate."""
 CHART_PERIOD_S = 2.0
-"""The chart replots at most every 2 s (ARCHITECTURE: at most 1-2 Hz). A replot is the dashboard's single largest
-cost; its x axis spans 5 minutes, so a plot column is ~2.8 s wide and a faster replot would move little."""
+"""The chart replots at most every 2 s (why: docs/decisions.md#chart-rate)."""
 STALE_PERIOD_FLOOR_S = 0.5
-"""The GPU panel marks a row stale after two sample periods, but never under two of these (1 s): a tick's
-process-list query can hold a sample about a period, so two periods of 0.25 s flapped rows between stale and live
-under load (each flap restyles every cell)."""
+"""The GPU panel marks a row stale after two sample periods, but never under two of these (1 s); why:
+docs/decisions.md#ui-push-rate."""
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
 
 
@@ -107,7 +102,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         self._figures_key: object = None
         self._figures = ""
         self._last_event: ActionLogged | None = None
-        self._connection_state: str | None = None  # the last connection state toasted
+        self._connection_state: ConnectionState | None = None  # the last connection state toasted
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._keymap: dict[str, str] = {}
@@ -217,16 +212,16 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         chart = self.query_one(ThroughputChart)
         if key != self._chart_key:
             self._chart_key = key
-            chart.update(list(points), now_wall, [RelaunchMarker(m.at, m.text) for m in markers], version=key)
+            chart.update(list(points), now_wall, list(markers), version=key)
         # The chart's redraws (a replot and the figures line) happen together every CHART_PERIOD_S, in the first tick
         # of a wall-clock second, where the server panel's ages change too: one screen update carries them all
         # (changes in separate ticks cost a screen update each, and a redraw of the chart's region).
-        life = session.lifecycle
-        figures_key = (life.state, life.state_since, int(now_wall // CHART_PERIOD_S))
+        life = session.view()
+        figures_key = (life.state, life.since, int(now_wall // CHART_PERIOD_S))
         if figures_key != self._figures_key:
             chart.flush()
             self._figures_key = figures_key
-            text = (_latest_figures(points, now_wall, since=life.state_since)
+            text = (latest_figures(points, now_wall, since=life.since)
                     if life.state == ServerState.READY else "")
             if text != self._figures:  # setting a border title refreshes the widget, even to the same text
                 self._figures = text
@@ -242,7 +237,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
                 break
             new.append(event)
         self._last_event = events[-1]
-        self.query_one(EventLog).extend(EventEntry(e.at, e.text, _level(e.level)) for e in reversed(new))
+        self.query_one(EventLog).extend(EventEntry(e.at, e.text, e.level) for e in reversed(new))
 
     def _push_flags(self) -> None:
         try:
@@ -253,40 +248,10 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
 
     def _server_view(self, now_s: int) -> ServerView:
         """What the server panel shows; times on whole seconds of the wall clock (`now_s`, int(time.time()))."""
-        life = self.session.lifecycle
-        record = life.record
-        live = life.state not in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED)
-        fatal = life.fatal
-        return ServerView(
-            state=life.state,
-            since=int(life.state_since),
-            pid=record.pid if record and live else None,
-            pgid=record.pgid if record and live else None,
-            port=self.session.profile.port,
-            uptime_s=(now_s - int(record.launched_at)) if record and live else None,
-            backend=self.session.profile.backend,
-            version=self.session.server_version,
-            model=self.session.profile.model,
-            phase_times=life.phase_times,
-            notices=tuple(n.text for n in life.notices[-4:]),
-            fatal=fatal.text if fatal and life.state == ServerState.CRASHED else None,
-            last_lines=tuple(list(life.last_lines)[-8:]) if life.state == ServerState.CRASHED else (),
-            holders=tuple(Holder(h.gpu, h.pid or 0, h.name or "(no visible process)", h.used_mib)
-                          for h in life.holders),
-        )
+        return server_view(self.session.view(), self.session.server_version, now_s)
 
     def _toggle_rows(self) -> list[ToggleRow]:
-        session = self.session
-        return [
-            ToggleRow(
-                toggle.key,
-                toggle.label,
-                " ".join(f"--{flag}" for flag in toggle.flags),
-                toggle_value(session.profile.flags, toggle),
-                toggle_value(session.pending_flags, toggle),
-            )
-            for toggle in session.profile.toggles
-        ]
+        return toggle_rows(self.session.profile, self.session.pending_flags)
 
     def _feed_log_screen(self) -> None:
         if self._log_screen is None or self.screen is not self._log_screen:
@@ -322,9 +287,18 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         # key's own change need not wait for.
         self.call_after_refresh(self.notify, f"pending: {text}", timeout=2)
 
+    def on_flags_panel_toggle_requested(self, message: FlagsPanel.ToggleRequested) -> None:
+        """A click on a flag row does what pressing its key does."""
+        self.action_press_toggle(message.key)
+
+    def on_gpu_panel_selected(self, message: GpuPanel.Selected) -> None:
+        """A click on a GPU row selects it: the panel highlights that row."""
+        self.query_one(GpuPanel).select(message.uuid)
+
     def action_relaunch(self) -> None:
-        if self.session.lifecycle.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
-                                            ServerState.STUCK) and self.session.lifecycle.record is None:
+        life = self.session.view()
+        if life.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
+                          ServerState.STUCK) and life.record is None:
             self._command("launch", self.session.launch)
             return
         self._command("relaunch", self.session.relaunch)
@@ -333,7 +307,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         if self.session.readonly:
             self.notify("read-only session: kill is disabled", severity="warning")
             return
-        record = self.session.lifecycle.record
+        record = self.session.view().record
         detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
 
         def answered(yes: bool | None) -> None:
@@ -397,50 +371,6 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
         await self.session.stop()
         await self.session.host.close()  # an SSH connection; nothing for the local host
         self.exit()
-
-
-NO_GPUS = "no GPUs in this profile"
-"""The GPU panel's text for a profile with `gpus = []`: the session samples nothing (the host may have no
-nvidia-smi, e.g. vLLM on CPU)."""
-
-
-def connection_note(connection: ConnectionChanged | None, now: float) -> str:
-    """The header's note on a remote host's connection: "" while connected (or local), else its state and for how
-    long the host has been unreachable: " · connection lost 12 s"."""
-    if connection is None or connection.state == "connected":
-        return ""
-    since = connection.since if connection.since is not None else connection.at
-    return f" · connection {connection.state} {max(0, int(now - since))} s"
-
-
-def _latest_figures(points: Sequence[ThroughputPoint], now: float, window_s: float = 30.0, since: float = 0.0) -> str:
-    """The newest tok/s per source (within the window, and since `since`: the server's READY time, so a
-    relaunch does not show the previous configuration's figures) and the newest acceptance length, as text.
-
-    Points arrive in time order, so this walks from the newest back and stops at the first point older
-    than the window (a few dozen points, not the whole series)."""
-    latest: dict[str, float] = {}
-    accept: float | None = None
-    for point in reversed(points):
-        if now - point.at > window_s:
-            break
-        if point.at < since:
-            continue
-        latest.setdefault(point.source, point.tokens_per_s)
-        if accept is None and point.accept_len is not None:
-            accept = point.accept_len
-    parts = [f"{source} {value:.1f} tok/s" for source, value in sorted(latest.items())]
-    if accept is not None:
-        parts.append(f"accept {accept:.2f}")
-    return " · ".join(parts)
-
-
-def _level(level: str) -> Literal["info", "action", "success", "warning", "error"]:
-    if level == "warning":
-        return "warning"
-    if level == "error":
-        return "error"
-    return "info"
 
 
 def create_app(

@@ -2,7 +2,7 @@
 
 BenchKeys is an App base class that TunedashApp inherits (Textual merges BINDINGS only from DOMNode
 classes, so a plain mixin would lose them). It needs `self.session` (a core Session). Runs go through
-the same core objects as the CLI (loadgen.run_bench, experiment.Experiment, store.HistoryStore) in a
+the same core objects as the CLI (bench.run_bench, experiment.Experiment, store.HistoryStore) in a
 worker; the screens only show progress and results. Escape on a running screen cancels the run; an A/B
 keeps the finished trials in the history (status "cancelled"). Screens: BenchScreen (progress, results
 table), ABScreen (progress through every relaunch, then the compare view: arms side by side with the
@@ -23,12 +23,15 @@ from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
 from textual.worker import Worker, WorkerState
 
 from app.core.data import ServerState
+from app.core.measure.bench import BenchSpec
+from app.core.measure.client import RequestResult
 from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
-from app.core.measure.loadgen import AcceptanceMeter, BenchSpec, RequestResult, run_bench
+from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import arm_rows, bench_rows, run_json
 from app.core.measure.store import HistoryStore, StoreError
-from app.core.profiles.loading import Profile, describe_change, profile_diff
-from app.core.server.lifecycle import LifecycleEvent, ServerLogEvent
+from app.core.profiles.render import describe_change, profile_diff
+from app.core.profiles.types import Profile
+from app.core.server.events import LifecycleEvent, ServerLogEvent
 
 if TYPE_CHECKING:
     from app.core.session import Session
@@ -120,8 +123,7 @@ class HistoryScreen(Screen[None]):
     def on_mount(self) -> None:
         rows = [["id", "kind", "profile", "status", "trials", "result"]]
         for r in self.store.runs():
-            status = "interrupted" if r.status == "running" and r.finished_at is None else r.status
-            rows.append([str(r.id), r.kind, r.profile, status, str(r.trial_count), (r.verdict or "")[:80]])
+            rows.append([str(r.id), r.kind, r.profile, r.shown_status, str(r.trial_count), (r.verdict or "")[:80]])
         table = self.query_one("#runs", DataTable)
         _table(table, rows)
         table.focus()
@@ -169,8 +171,9 @@ class BenchKeys(App[None]):
             return None
 
     def _server_ready(self, what: str) -> bool:
-        if self.session.lifecycle.state != ServerState.READY:
-            self.notify(f"{what} needs a ready server (now {self.session.lifecycle.state.value}); press r to launch",
+        state = self.session.view().state
+        if state != ServerState.READY:
+            self.notify(f"{what} needs a ready server (now {state.value}); press r to launch",
                         severity="warning")
             return False
         return True
@@ -191,19 +194,14 @@ class BenchKeys(App[None]):
     async def _bench(self, screen: RunScreen, profile: Profile, spec: BenchSpec) -> None:
         session = self.session
         base = await session.host.http_base(profile.port)
-        meter = AcceptanceMeter(profile.backend, base)
 
-        def feed(event: LifecycleEvent) -> None:
-            if isinstance(event, ServerLogEvent):
-                meter.feed(event.event)
+        def server_events(feed: Callable[[object], None]) -> Callable[[], None]:
+            def listener(event: LifecycleEvent) -> None:
+                if isinstance(event, ServerLogEvent):
+                    feed(event.event)
 
-        session.subscribe(feed)
-        store = self._open_store()
-        run_id = None
-        if store is not None:
-            run_id = store.start_run("bench", profile=profile.name, host=profile.host, backend=profile.backend,
-                                     model=profile.model, params={"bench": spec.to_json(), "trials": 1},
-                                     arms=[("running", "", dict(profile.flags))])
+            return session.subscribe(listener)
+
         done = 0
 
         def on_result(_i: int, result: RequestResult) -> None:
@@ -211,34 +209,28 @@ class BenchKeys(App[None]):
             done += 1
             screen.set_progress(done, spec.requests)
 
+        record = session.view().record
+        store = self._open_store()
         session.busy = "bench"
-        status = "cancelled"
-        summary: dict[str, Any] | None = None
         try:
             screen.say("warming up…")
-            await meter.start()
-            result = await run_bench(base, profile.model, spec, on_result=on_result,
-                                     on_warmup_done=lambda: screen.say("measuring…"))
-            accept, source = await meter.stop(result.summary.accept_len)
-            summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
-            if store is not None and run_id is not None:
-                store.add_trial(run_id, 0, 0, value=result.summary.output_tok_s, summary=summary, accept_len=accept,
-                                accept_source=source, requests=result.results)
-            status = "done"
-            screen.show_table(bench_rows(summary))
-            for warning in result.summary.warnings:
+            recorded = await run_recorded_bench(
+                base, profile, spec, host_name=session.host.name, store=store, events=server_events,
+                running_flags=record.flags if record else profile.flags, on_result=on_result,
+                on_warmup_done=lambda: screen.say("measuring…"))
+            screen.show_table(bench_rows(recorded.summary))
+            for warning in recorded.result.summary.warnings:
                 screen.say(f"warning: {warning}")
+            run_id = recorded.run_id
             screen.say(f"saved as run #{run_id} (tunedash export {run_id} --format md); escape closes")
         finally:
             session.busy = None
-            _unsubscribe(session, feed)
-            if store is not None and run_id is not None:
-                store.finish_run(run_id, status, summary=summary)
+            if store is not None:
                 store.close()
 
     # ---- B ---------------------------------------------------------------------------------------
     def action_mark_baseline(self) -> None:
-        if self.session.lifecycle.state != ServerState.READY:
+        if self.session.view().state != ServerState.READY:
             self.notify("mark the baseline while the server runs (it is the running config)", severity="warning")
             return
         self.baseline = self.session.profile
@@ -286,8 +278,8 @@ class BenchKeys(App[None]):
             if text and not isinstance(event, ServerLogEvent):
                 screen.say(f"  {text}")
 
-        experiment = Experiment(spec, session.lifecycle, store, on_progress=on_progress)
-        session.subscribe(on_lifecycle)
+        experiment = Experiment(spec, session, store, on_progress=on_progress)
+        unsubscribe = session.subscribe(on_lifecycle)
         session.busy = "A/B"
         try:
             await experiment.run()
@@ -298,10 +290,7 @@ class BenchKeys(App[None]):
             raise
         finally:
             session.busy = None
-            _unsubscribe(session, on_lifecycle)
-            last = spec.schedule()[-1][0] if experiment.result.status == "done" else None
-            if last is not None:
-                session.profile = spec.arms[last].profile
+            unsubscribe()
             data = experiment.result.to_json()
             screen.show_table(arm_rows(data), data.get("verdict") or "")
             if store is not None:
@@ -321,8 +310,3 @@ def replace_overrides(arm: Any, text: str) -> Any:
 
     return replace(arm, overrides=text)
 
-
-def _unsubscribe(session: Session, listener: Any) -> None:
-    listeners = getattr(session, "_listeners", None)
-    if isinstance(listeners, list) and listener in listeners:
-        listeners.remove(listener)

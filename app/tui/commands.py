@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from app.core.flags.rules import FlagError, FlagSpec, format_value, get_flag, offered_catalog, parse_value
+from app.core.flags.catalog import FlagSpec
+from app.core.flags.discovery import offered_catalog
+from app.core.flags.values import FlagError, format_value, get_flag, parse_value
 from app.tui.value_prompt import ValuePrompt
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""A real OpenSSH sshd on loopback for the SSH tests (research/style.md §4.8), and helpers around it.
+"""A real OpenSSH sshd on loopback for the SSH tests (docs/architecture.md#tests), and helpers around it.
 
 One sshd per test session: throwaway host and user keys, a free port, `-f /dev/null` with -o options,
 UsePAM=no, StrictModes=no. As root it logs in a non-root user `tdtest` (created with useradd, password set to
@@ -26,14 +26,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import free_port
+
 SSHD = Path("/usr/sbin/sshd")
 TEST_USER = "tdtest"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -140,7 +136,7 @@ def running_sshd() -> Iterator[Sshd]:
     authorized = folder / "authorized_keys"
     authorized.write_text(client_pub + "\n")
     authorized.chmod(0o644)
-    port = _free_port()
+    port = free_port()
     known_hosts = folder / "known_hosts"
     host_line = f"[127.0.0.1]:{port} {' '.join(host_pub.split()[:2])}"
     known_hosts.write_text(host_line + "\n")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
-from tests.integration.conftest import REPO, MakeProfile
+from tests.helpers import MakeProfile
+from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.slow
 

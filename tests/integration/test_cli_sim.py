@@ -10,7 +10,8 @@ from pathlib import Path
 
 from app.sim.host_env import reset_state
 from tests.fakes import live_group_members
-from tests.integration.conftest import MakeProfile, tunedash
+from tests.helpers import MakeProfile
+from tests.integration.conftest import tunedash
 
 
 def _record(sim_state: Path, name: str = "t") -> dict:

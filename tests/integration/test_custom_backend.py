@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.integration.conftest import REPO, free_port, tunedash
+from tests.helpers import free_port, kill_launched
+from tests.integration.conftest import REPO, tunedash
 
 WriteProfile = Callable[..., Path]
 
@@ -36,12 +37,7 @@ def custom_profile(tmp_path: Path, sim_state: Path) -> Iterator[WriteProfile]:
         return path
 
     yield write
-    jobs_dir = sim_state / "host" / "jobs"
-    for record_file in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
-        try:
-            os.killpg(json.loads(record_file.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_launched(sim_state)
 
 
 def _record(sim_state: Path, name: str = "c") -> dict:

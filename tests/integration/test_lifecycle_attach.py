@@ -12,7 +12,8 @@ from app.core.data import DecodeStats, ServerState
 from app.core.hosts.local import LocalHost
 from app.core.profiles.loading import resolve_profile
 from app.core.server import jobs
-from app.core.server.lifecycle import LifecycleEvent, ServerLifecycle, ServerLogEvent
+from app.core.server.events import LifecycleEvent, ServerLogEvent
+from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import SmiTelemetry
 
 OLD = (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ import pytest
 from app.core.data import DecodeStats, FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent
 from app.core.logs.parser import parse_lines, read_log_lines
 from app.sim.host_env import reset_state, sim_environment
+from tests.helpers import free_port
 
 StartSim = Callable[..., "subprocess.Popen[bytes]"]
 READY = "The server is fired up and ready to roll!"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import pytest
 
 from app.cli.main import main as cli_main
 from app.sim.host_env import reset_state
-from tests.integration.conftest import REPO, free_port
+from tests.helpers import free_port
+from tests.integration.conftest import REPO
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]

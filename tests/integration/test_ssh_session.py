@@ -14,9 +14,10 @@ import pytest
 from app.core.data import ServerState
 from app.core.hosts.base import ConnectionChanged
 from app.core.hosts.ssh import SshHost
-from app.core.profiles.loading import Profile, resolve_profile
+from app.core.profiles.loading import resolve_profile
+from app.core.profiles.types import Profile
 from app.core.server import jobs
-from app.core.server.lifecycle import LifecycleEvent, StateChanged
+from app.core.server.events import LifecycleEvent, StateChanged
 from app.core.session import Session
 from app.sim.host_env import sim_environment
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, MakeProfile
+from tests.helpers import MakeProfile
+from tests.integration.conftest import REPO
 
 pytestmark = [
     pytest.mark.slow,

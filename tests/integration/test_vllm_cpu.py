@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.integration.conftest import REPO, free_port
+from tests.helpers import free_port
+from tests.integration.conftest import REPO
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -1,4 +1,5 @@
-"""Fixtures for the simulated host: a fresh state folder, its environment, and process-group cleanup."""
+"""Fixtures for the simulated host's own tests: its environment and process-group cleanup (`sim_state` is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.sim.host_env import reset_state, sim_environment
-
-
-@pytest.fixture
-def sim_state(tmp_path: Path) -> Path:
-    """A fresh simulated host (2 GPUs, 0.3 s release delay, fast server startup)."""
-    return reset_state(tmp_path / "sim", startup_s=0.4)
+from app.sim.host_env import sim_environment
 
 
 @pytest.fixture

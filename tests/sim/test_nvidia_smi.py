@@ -1,4 +1,4 @@
-"""The fake nvidia-smi answers like the real one (formats quoted in research/gpu_telemetry.md)."""
+"""The fake nvidia-smi answers like the real one (formats in docs/gpus.md)."""
 
 from __future__ import annotations
 

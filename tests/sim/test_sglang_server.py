@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from app.sim import gpu_state
+from tests.helpers import free_port
 
 from .conftest import GroupReaper, smi, wait_for
 
 READY = "The server is fired up and ready to roll!"
-# Regexes from research/servers.md section 3 (what app/core/logs/parser.py parses).
+# Regexes for the lines of docs/servers.md#sglang-log-lines (what app/core/logs/parser.py parses).
 PREFIX = re.compile(
     r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<ranks>(?: (?:DP|TP|PP|EP)\d+)*)\]\s"
 )
@@ -44,12 +45,6 @@ DECODE = re.compile(
     r"gen throughput \(token/s\): (?P<gen_tps>[\d.]+), (?:largest-len: \d+, )?#queue-req: (?P<queue>\d+)"
 )
 UVICORN = re.compile(r"Uvicorn running on (?P<url>\S+) \(Press CTRL\+C to quit\)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:

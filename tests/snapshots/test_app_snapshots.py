@@ -19,13 +19,25 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from app.core.data import FatalEvent, GpuProcess, GpuSample, GpuSnapshot, LogLine, Notice, ServerState, ThroughputPoint
+from app.core.data import (
+    EventLevel,
+    FatalEvent,
+    GpuProcess,
+    GpuSample,
+    GpuSnapshot,
+    Holder,
+    LogLine,
+    Notice,
+    RelaunchMarker,
+    ServerState,
+    ThroughputPoint,
+)
 from app.core.hosts.local import LocalHost
-from app.core.profiles.loading import Profile, load_profile
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import Profile
+from app.core.server.events import ActionLogged, LifecycleView
 from app.core.server.jobs import JobRecord
-from app.core.server.lifecycle import ActionLogged
-from app.core.session import RelaunchMarker, Session
-from app.core.telemetry.freecheck import Holder
+from app.core.session import Session
 from app.tui.app import TunedashApp
 from widgets import ThroughputChart
 
@@ -72,6 +84,14 @@ class FixedLifecycle:
     fatal: FatalEvent | None = None
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=30))
     holders: tuple[Holder, ...] = ()
+    profile: Profile | None = None
+
+    def view(self) -> LifecycleView:
+        assert self.profile is not None
+        return LifecycleView(state=self.state, since=self.state_since, record=self.record, profile=self.profile,
+                             phase_times=dict(self.phase_times), notices=tuple(self.notices), fatal=self.fatal,
+                             last_lines=tuple(self.last_lines), holders=self.holders, health_ok=None,
+                             last_decode=None)
 
     async def close(self) -> None:
         return None
@@ -88,7 +108,7 @@ class FixedSession(Session):
     def __init__(self, profile: Profile, *, readonly: bool = False) -> None:
         # A LocalHost is never used here (start() does nothing); the Session only needs one to exist.
         super().__init__(LocalHost("sim"), profile, readonly=readonly, telemetry=NoTelemetry())  # type: ignore[arg-type]
-        self.lifecycle: FixedLifecycle = FixedLifecycle()  # type: ignore[assignment]
+        self.lifecycle: FixedLifecycle = FixedLifecycle(profile=profile)  # type: ignore[assignment]
 
     async def start(self) -> None:
         return None
@@ -113,7 +133,7 @@ def gpus(used: tuple[int, int], procs: bool = True, age: float = 0.1) -> GpuSnap
     return GpuSnapshot(samples, MONO - age)
 
 
-def event(seconds_ago: float, text: str, level: str = "info") -> ActionLogged:
+def event(seconds_ago: float, text: str, level: EventLevel = "info") -> ActionLogged:
     return ActionLogged(text, level, at=WALL - seconds_ago)
 
 

@@ -11,15 +11,13 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal
 from textual.pilot import Pilot
 
-from app.core.data import GpuProcess, GpuSample, ServerState, ThroughputPoint
+from app.core.data import GpuProcess, GpuSample, Holder, RelaunchMarker, ServerState, ThroughputPoint
 from widgets import (
     DiffScreen,
     EventEntry,
     EventLog,
     FlagsPanel,
     GpuPanel,
-    Holder,
-    RelaunchMarker,
     ServerPanel,
     ServerView,
     ThroughputChart,

@@ -8,14 +8,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from app.core.data import GpuSnapshot
+from app.core.data import ConnectionState, GpuSnapshot
 from app.core.hosts.base import ConnectionChanged
 from app.core.hosts.local import LocalHost
-from app.core.profiles.loading import Profile, load_profile
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import Profile
 from app.core.session import Session
 from app.sim.host_env import reset_state, sim_environment
 from app.tui.app import NO_GPUS, create_app
-from tests.ui.test_app_flows import SIZE, free_port, profile, screen_text, shows, until  # noqa: F401 - fixture
+from tests.helpers import free_port
+from tests.ui.test_app_flows import SIZE, profile, screen_text, shows, until  # noqa: F401 - fixture
 
 
 class FlakyHost(LocalHost):
@@ -30,7 +32,7 @@ class FlakyHost(LocalHost):
     def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:
         self.listeners.append(listener)
 
-    def emit(self, state: str, detail: str, since: float | None = None) -> None:
+    def emit(self, state: ConnectionState, detail: str, since: float | None = None) -> None:
         event = ConnectionChanged(self.name, state, detail, time.time(), since)
         for listener in list(self.listeners):
             listener(event)

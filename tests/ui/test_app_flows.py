@@ -7,13 +7,10 @@ and kills whatever the test launched in teardown (process groups from the job re
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
-import signal
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,11 +18,12 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from app.core.data import ServerState
-from app.core.profiles.loading import Profile, load_profile
-from app.core.server.lifecycle import LifecycleEvent, StateChanged
-from app.sim.host_env import reset_state
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import Profile
+from app.core.server.events import LifecycleEvent, StateChanged
 from app.tui.app import TunedashApp, create_app
 from app.tui.value_prompt import ValuePrompt
+from tests.helpers import MakeProfile
 from widgets import ConfirmModal, DiffScreen, FlagsPanel, HelpScreen, LogViewScreen
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
@@ -33,37 +31,11 @@ os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
 SIZE = (120, 40)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def kill_launched(sim_state: Path) -> None:
-    """SIGKILL every process group the sim host's job records name (what the test launched)."""
-    jobs_dir = sim_state / "host" / "jobs"
-    for record_file in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
-        try:
-            os.killpg(json.loads(record_file.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, KeyError, ValueError):
-            pass
-
-
 @pytest.fixture
-def profile(tmp_path: Path) -> Iterator[Profile]:
-    """A demo-like profile on a private sim state folder and a free port, with a 0.3 s simulated startup."""
-    state = tmp_path / "sim"
-    reset_state(state)
-    path = tmp_path / "t.toml"
-    path.write_text(
-        f'name = "t"\nhost = "sim"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\nport = {free_port()}\n'
-        f'gpus = [0, 1]\nsim_state = "{state}"\nenv = {{ TUNEDASH_SIM_STARTUP_S = "0.3" }}\n'
-        "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
-        "speculative-num-steps = 1\nspeculative-eagle-topk = 1\nspeculative-num-draft-tokens = 2\n"
-        "decode-log-interval = 40\n"
-    )
-    yield load_profile(path)
-    kill_launched(state)
+def profile(make_profile: MakeProfile) -> Profile:
+    """A demo-like profile on a private sim state folder and a free port, with a 0.3 s simulated startup
+    (whatever it launched is killed by `make_profile` afterwards)."""
+    return load_profile(make_profile(startup_s=0.3))
 
 
 CELL_PX = 12.2  # the width of one terminal cell in Textual's SVG screenshots

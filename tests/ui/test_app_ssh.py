@@ -22,7 +22,8 @@ import pytest
 from textual.pilot import Pilot
 
 from app.core.data import ServerState
-from app.core.profiles.loading import Profile, resolve_profile
+from app.core.profiles.loading import resolve_profile
+from app.core.profiles.types import Profile
 from app.tui.app import TunedashApp, create_app
 from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
 from tests.integration.test_ssh_cli import ssh_profile  # noqa: F401 - fixture

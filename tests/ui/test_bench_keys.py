@@ -3,12 +3,9 @@ through both relaunches and shows the arms with a verdict, b benchmarks, h brows
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,42 +14,21 @@ from textual.widgets import DataTable, RichLog, Static
 
 from app.core.data import ServerState
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
-from app.core.profiles.loading import Profile, load_profile
-from app.sim.host_env import reset_state
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import Profile
 from app.tui.app import create_app
 from app.tui.bench import HistoryScreen, RunScreen
+from tests.helpers import MakeProfile
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
-def profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Profile]:
+def profile(make_profile: MakeProfile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Profile:
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
-    state = tmp_path / "sim"
-    reset_state(state)
-    path = tmp_path / "t.toml"
-    path.write_text(
-        f'name = "t"\nhost = "sim"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\nport = {_free_port()}\n'
-        f'gpus = [0, 1]\nsim_state = "{state}"\nenv = {{ TUNEDASH_SIM_STARTUP_S = "0.3" }}\n'
-        "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
-        "speculative-num-steps = 1\nspeculative-eagle-topk = 1\nspeculative-num-draft-tokens = 2\n"
-        "decode-log-interval = 10\n"
-        "[bench]\nrequests = 3\nconcurrency = 3\ninput_len = 16\noutput_len = 24\nwarmup = 1\ntrials = 2\n"
-    )
-    yield load_profile(path)
-    jobs_dir = state / "host" / "jobs"
-    for record in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
-        try:
-            os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, KeyError, ValueError):
-            pass
+    bench = "[bench]\nrequests = 3\nconcurrency = 3\ninput_len = 16\noutput_len = 24\nwarmup = 1\ntrials = 2\n"
+    return load_profile(make_profile(startup_s=0.3, decode_log_interval=10, extra=bench))
 
 
 async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
@@ -88,6 +64,12 @@ async def test_baseline_ab_bench_and_history(profile: Profile, tmp_path: Path) -
         verdict = str(screen.query_one("#verdict", Static).render())
         assert verdict.startswith(("B is", "no difference"))
         assert app.session.profile.flags["speculative-num-steps"] == 3  # B keeps running
+        # The A/B went through the Session: the log view follows B's launch, the chart marks both relaunches.
+        record = app.session.view().record
+        assert record is not None and app.session.log_path == record.log_path
+        assert record.flags["speculative-num-steps"] == 3
+        assert [m.text for m in app.session.markers] == [
+            "arm A: baseline", "arm B: steps 1 -> 3, --speculative-num-draft-tokens 2 -> 4"]
         await pilot.press("escape")
 
         await pilot.press("b")
@@ -103,5 +85,8 @@ async def test_baseline_ab_bench_and_history(profile: Profile, tmp_path: Path) -
         assert runs.row_count == 2 and runs.get_row_at(1)[1] == "ab"
         await pilot.press("escape")
     with HistoryStore() as store:
-        ab = store.runs()[1]
+        bench_run, ab = store.runs()[0], store.runs()[1]
         assert ab.kind == "ab" and ab.status == "done" and ab.trial_count == 4
+        # one recorded-bench runner: the host as the Host names itself, the flags of the server that ran
+        full = store.run(bench_run.id)
+        assert full is not None and full.host == "sim" and full.arms[0].flags["speculative-num-steps"] == 3

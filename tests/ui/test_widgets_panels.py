@@ -7,14 +7,21 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.core.data import GpuProcess, GpuSample, GpuSnapshot, ServerState, TelemetryError, ThroughputPoint
+from app.core.data import (
+    GpuProcess,
+    GpuSample,
+    GpuSnapshot,
+    Holder,
+    RelaunchMarker,
+    ServerState,
+    TelemetryError,
+    ThroughputPoint,
+)
 from widgets import (
     EventEntry,
     EventLog,
     FlagsPanel,
     GpuPanel,
-    Holder,
-    RelaunchMarker,
     ServerPanel,
     ServerView,
     ThroughputChart,
@@ -197,6 +204,24 @@ async def test_clicking_a_gpu_row_posts_selected() -> None:
         await pilot.pause()
         selected = unique(app.seen, GpuPanel.Selected)
         assert [(m.index, m.uuid) for m in selected] == [(1, "GPU-1")]  # type: ignore[attr-defined]
+
+
+async def test_selected_gpu_row_is_highlighted_until_its_gpu_goes() -> None:
+    panel = GpuPanel()
+    async with Host(panel).run_test(size=(80, 24)) as pilot:
+        panel.update([gpu(0), gpu(1)], now=100.0)
+        await pilot.pause()
+        panel.select("GPU-1")
+        assert panel.selected == "GPU-1"
+        assert [r.has_class("-selected") for r in panel.rows.values()] == [False, True]
+        panel.update([gpu(0), gpu(1), gpu(2)], now=101.0)  # a GPU appears: rows remount, the selection stays
+        await pilot.pause()
+        assert [r.has_class("-selected") for r in panel.rows.values()] == [False, True, False]
+        panel.update([gpu(0)], now=102.0)  # the selected GPU is gone: nothing is selected
+        await pilot.pause()
+        assert panel.selected is None and not panel.rows["GPU-0"].has_class("-selected")
+        panel.select("GPU-9")  # not shown: nothing is selected
+        assert panel.selected is None
 
 
 async def test_server_panel_states() -> None:

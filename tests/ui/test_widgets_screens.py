@@ -6,8 +6,9 @@ from textual.app import App
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Input, Static
 
+from app.core.data import FlagChange
 from widgets import ConfirmModal, DiffScreen, ErrorModal, HelpScreen, LogViewScreen, argv_to_flags, diff_flags
-from widgets.diff_screen import COMMAND_KEY, FlagChange
+from widgets.diff_screen import COMMAND_KEY
 
 
 class Host(App[None]):
@@ -114,13 +115,14 @@ def test_argv_to_flags() -> None:
 
 def test_diff_flags_argv_and_dicts() -> None:
     assert diff_flags(RUNNING, PENDING) == [
-        FlagChange("--speculative-num-steps", "changed", "1", "3"),
-        FlagChange("--enable-piecewise-cuda-graph", "removed", "", None),
-        FlagChange("--disable-overlap-schedule", "added", None, ""),
+        FlagChange("--speculative-num-steps", "1", "3"),
+        FlagChange("--enable-piecewise-cuda-graph", "", None),
+        FlagChange("--disable-overlap-schedule", None, ""),
     ]
+    assert [c.kind for c in diff_flags(RUNNING, PENDING)] == ["changed", "removed", "added"]
     assert diff_flags({"--a": "1", "--b": True, "--c": None}, {"--a": "1", "--b": False, "--c": "x"}) == [
-        FlagChange("--b", "removed", "", None),
-        FlagChange("--c", "added", None, "x"),
+        FlagChange("--b", "", None),
+        FlagChange("--c", None, "x"),
     ]
     assert diff_flags(RUNNING, list(RUNNING)) == []
 

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 from app.core.data import FatalEvent, PhaseEvent, ReadyEvent
-from app.core.flags.rules import catalog, default_toggles
+from app.core.flags.toggles import default_toggles
+from app.core.flags.values import catalog
 from app.core.logs.parser import LogParser
-from app.core.profiles.loading import ProfileError, apply_overrides, health_url, launch_argv, parse_profile
+from app.core.profiles.loading import apply_overrides, parse_profile
+from app.core.profiles.render import health_url, launch_argv
+from app.core.profiles.types import ProfileError
 
 SOURCE = Path("/srv/profiles/mine.toml")
 BASE = 'backend = "custom"\nhost = "local"\ngpus = []\n'

@@ -13,12 +13,15 @@ import pytest
 from aiohttp import web
 
 from app.core.data import ServerState
+from app.core.errors import Reason
+from app.core.measure.bench import BenchSpec
 from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
-from app.core.measure.loadgen import BenchSpec
 from app.core.measure.report import experiment_text, export_run, run_json
 from app.core.measure.stats import verdict
 from app.core.measure.store import HistoryStore
-from app.core.profiles.loading import ProfileError, load_profile
+from app.core.profiles.loading import load_profile
+from app.core.profiles.types import ProfileError
+from app.core.server.events import LifecycleView
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,28 +59,35 @@ class FakeHost:
 
 
 class FakeLifecycle:
-    """Duck-typed ServerLifecycle: relaunch switches the fake server's speed; may crash an arm."""
+    """A duck-typed ServerOwner: relaunch switches the fake server's speed; may crash an arm."""
 
     def __init__(self, server: FakeServer, crash_steps: int | None = None) -> None:
         self.server = server
         self.host = FakeHost()
         self.crash_steps = crash_steps
         self.relaunched: list[Any] = []
-        self.phase_times = {"kill": 0.1, "ready": 0.5}
-        self.fatal = None
-        self.last_lines = ["boom"]
-        self.record = None
+        self.listeners: list[Any] = []
+        self.state = ServerState.STOPPED
+        self.profile: Any = None
 
-    def subscribe(self, listener: Any) -> None:
-        pass
+    def subscribe(self, listener: Any) -> Any:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
 
-    async def relaunch(self, profile: Any, *, ready_timeout_s: float | None = None) -> ServerState:
+    def view(self) -> LifecycleView:
+        return LifecycleView(state=self.state, since=0.0, record=None, profile=self.profile,
+                             phase_times={"kill": 0.1, "ready": 0.5}, notices=(), fatal=None, last_lines=("boom",),
+                             holders=(), health_ok=None, last_decode=None)
+
+    async def relaunch(self, profile: Any, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState:
         steps = int(profile.flags["speculative-num-steps"])
         self.relaunched.append(steps)
-        if steps == self.crash_steps:
-            return ServerState.CRASHED
-        self.server.steps = steps
-        return ServerState.READY
+        self.profile = profile
+        self.state = ServerState.CRASHED if steps == self.crash_steps else ServerState.READY
+        if self.state == ServerState.READY:
+            self.server.steps = steps
+        return self.state
 
 
 @pytest.fixture
@@ -173,14 +183,14 @@ async def test_cancel_keeps_the_finished_trials(fake, tmp_path):
     assert exp.result.status == "cancelled"
 
 
-async def test_crashed_arm_fails_with_exit_4_and_is_recorded(fake, tmp_path):
+async def test_crashed_arm_fails_as_start_failed_and_is_recorded(fake, tmp_path):
     server, port = fake
     life = FakeLifecycle(server, crash_steps=3)
     with HistoryStore(tmp_path / "h.sqlite3") as store:
         exp = Experiment(_spec(port, "speculative-num-steps=1", "speculative-num-steps=3"), life, store)  # type: ignore[arg-type]
         with pytest.raises(ExperimentFailed) as info:
             await exp.run()
-        assert info.value.exit_code == 4 and "arm B" in str(info.value) and "CRASHED" in str(info.value)
+        assert info.value.reason == Reason.START_FAILED and "arm B" in str(info.value) and "CRASHED" in str(info.value)
         run = store.run(exp.run_id or 0)
         assert run is not None and run.status == "failed" and len(run.trials) == 2
         assert run.launches[-1].outcome == "crashed"

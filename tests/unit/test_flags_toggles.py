@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.flags.rules import FlagError, FlagValue, Toggle, apply_toggle, default_toggles, toggle_value
+from app.core.data import FlagValue
+from app.core.flags.toggles import Toggle, apply_toggle, default_toggles, toggle_value
+from app.core.flags.values import FlagError
 
 
 def toggle(backend: str, key: str) -> Toggle:

@@ -1,6 +1,8 @@
 """Job records: round trip, and group membership that ignores reused PIDs and zombies."""
 
-from app.core.hosts.base import ProcessInfo
+import pytest
+
+from app.core.hosts.procfs import ProcessInfo
 from app.core.server.jobs import JobRecord, members_of
 
 
@@ -25,3 +27,15 @@ def test_members_exclude_zombies_and_older_processes():
         ProcessInfo(104, 1, 104, "S", "other", "6000"),
     ]
     assert [p.pid for p in members_of(record(), procs)] == [100, 101]
+
+
+def test_an_unknown_outcome_reads_as_running_and_the_spelling_is_kept():
+    assert '"outcome": "running"' in record().to_json()
+    text = record().to_json().replace('"outcome": "running"', '"outcome": "exploded"')
+    assert JobRecord.from_json(text).outcome == "running"  # the group stays ours to re-attach to and kill
+    assert JobRecord.from_json(text.replace('"exploded"', '"killed"')).outcome == "killed"
+
+
+def test_a_record_that_is_not_an_object_is_unreadable():
+    with pytest.raises(ValueError, match="JSON object"):
+        JobRecord.from_json("[1, 2]")

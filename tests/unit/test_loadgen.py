@@ -13,16 +13,10 @@ import pytest
 from aiohttp import web
 
 from app.core.data import DecodeStats, LogLine
-from app.core.measure.loadgen import (
-    AcceptanceMeter,
-    BenchSpec,
-    PromptFileError,
-    build_prompts,
-    percentile,
-    probe_completion,
-    run_bench,
-    stream_completion,
-)
+from app.core.measure.acceptance import AcceptanceMeter
+from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts, percentile, run_bench
+from app.core.measure.client import stream_completion
+from app.core.measure.probe import probe_completion
 
 
 class Script:

@@ -1,4 +1,4 @@
-"""Log parser: SGLang and vLLM lines from research/servers.md -> typed events."""
+"""Log parser: the SGLang and vLLM lines of docs/servers.md -> typed events."""
 
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def test_forced_backend_ignores_the_other_backends_lines() -> None:
     assert parser.backend == "sglang"
 
 
-# --- SGLang Decode batch variants (section 3, "Decode line evolution") ----------------------------------
+# --- SGLang Decode batch variants (docs/servers.md#sglang-log-lines) --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -333,7 +333,8 @@ def test_sglang_decode_variants(line: str, expected: dict[str, object]) -> None:
 
 
 def test_sglang_decode_with_both_accept_len_and_cuda_graph_keeps_accept_len() -> None:
-    # servers.md's DECODE regex drops accept len when cuda graph is present (lazy .*? skips the group).
+    # The research notes' DECODE regex drops accept len when cuda graph is present (lazy .*? skips the group;
+    # docs/decisions.md#decode-line-as-key-value-pairs).
     line = (
         "[2025-11-30 12:51:02 TP0] Decode batch, #running-req: 8, #token: 9344, token usage: 0.01, accept len: 3.42, "
         "accept rate: 0.81, cuda graph: True, gen throughput (token/s): 1203.55, #queue-req: 0"
@@ -417,7 +418,7 @@ def test_vllm_spec_decode_v0(tokens: str) -> None:
     assert spec.mean_accept_len == pytest.approx(2850 * 4 / 4000)  # emitted tokens per verify step
 
 
-# --- notices (section 2) --------------------------------------------------------------------------------
+# --- notices (docs/servers.md#sglang-log-lines) -----------------------------------------------------------
 
 NOTICE_CASES = [
     (

@@ -1,4 +1,4 @@
-"""NvmlTelemetry against a fake pynvml built from the real package's classes and the H200 facts of §7."""
+"""NvmlTelemetry against a fake pynvml built from the real package's classes and the H200 facts of docs/gpus.md."""
 
 from __future__ import annotations
 

@@ -7,16 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.profiles.loading import (
-    BenchSettings,
-    ProfileError,
-    find_profiles,
-    launch_argv,
-    load_profile,
-    parse_profile,
-    profile_dirs,
-    resolve_profile,
-)
+from app.core.profiles.loading import find_profiles, load_profile, parse_profile, profile_dirs, resolve_profile
+from app.core.profiles.render import launch_argv
+from app.core.profiles.types import BenchSettings, ProfileError
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "profiles"

@@ -6,19 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.flags.rules import apply_toggle, default_toggles
-from app.core.profiles.loading import (
-    FlagChange,
-    Profile,
-    ProfileError,
-    apply_overrides,
-    describe_change,
-    flag_diff,
-    launch_argv,
-    load_profile,
-    parse_profile,
-    profile_diff,
-)
+from app.core.data import FlagChange
+from app.core.flags.toggles import apply_toggle, default_toggles
+from app.core.profiles.loading import apply_overrides, load_profile, parse_profile
+from app.core.profiles.render import describe_change, flag_diff, launch_argv, profile_diff
+from app.core.profiles.types import Profile, ProfileError
 
 SHIPPED = Path(__file__).resolve().parents[2] / "profiles"
 

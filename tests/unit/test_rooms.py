@@ -1,4 +1,4 @@
-"""The rooms of ARCHITECTURE.md: the core imports no UI and no simulator; widgets import no hosts or NVML."""
+"""The rooms of docs/architecture.md: the core imports no UI and no simulator; widgets import no hosts or NVML."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def test_widgets_import_no_hosts_no_nvml_no_ssh() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_core_telemetry_imports_no_ui() -> None:
+    """Importing the telemetry modules loads no UI and not NVML (pynvml is loaded only when NVML is used)."""
+    code = (
+        "import sys, app.core.telemetry.smi, app.core.telemetry.smi_parse, app.core.telemetry.nvml;"
+        "bad = [m for m in ('textual', 'rich', 'widgets', 'pynvml') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

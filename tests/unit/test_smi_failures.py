@@ -1,4 +1,4 @@
-"""classify_smi_failure on the exact failure messages and exit codes of research/gpu_telemetry.md §5."""
+"""classify_smi_failure on the exact failure messages and exit codes of docs/gpus.md#exit-codes-and-failure-messages."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""nvidia-smi CSV parsers on the real outputs of research/gpu_telemetry.md: tokens, units, noise, never raise."""
+"""nvidia-smi CSV parsers on the real outputs of docs/gpus.md: tokens, units, noise, never raise."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""snapshot_to_json (the `tunedash gpus --json` shape), telemetry_for, and the core's import hygiene."""
+"""snapshot_to_json (the `tunedash gpus --json` shape) and telemetry_for (import hygiene: tests/unit/test_rooms.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -73,13 +71,3 @@ def test_factory_refuses_nvml_for_a_remote_host() -> None:
     assert "--source smi" in str(info.value)
     with pytest.raises(ValueError, match="unknown telemetry source"):
         telemetry_for(remote, "dcgm")
-
-
-def test_core_telemetry_imports_no_ui() -> None:
-    code = (
-        "import sys, app.core.telemetry.smi, app.core.telemetry.smi_parse, app.core.telemetry.nvml;"
-        "bad = [m for m in ('textual', 'rich', 'widgets', 'pynvml') if m in sys.modules];"
-        "print(bad); sys.exit(1 if bad else 0)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr

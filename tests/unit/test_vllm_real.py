@@ -7,20 +7,17 @@ lines trimmed), captured while `tunedash probe` ran against it.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from app.core.data import DecodeStats, FatalEvent, Phase, PhaseEvent, ReadyEvent, SpecDecodeStats
-from app.core.flags import discovery
-from app.core.flags.discovery import discover_flags, parse_help_flags
-from app.core.flags.rules import offered_catalog, rejected_flags
-from app.core.hosts.local import LocalHost
+from app.core.flags.discovery import offered_catalog, parse_help_flags, rejected_flags
 from app.core.logs.parser import parse_lines, read_log_lines
 from app.core.measure.http_probes import parse_metrics
 from app.core.measure.metrics import MetricsPoller, MetricsRate, MetricsReading, rate_between, spec_decode_totals
-from app.core.profiles.loading import ProfileError, parse_profile
+from app.core.profiles.loading import parse_profile
+from app.core.profiles.types import ProfileError
 
 LOG = Path(__file__).resolve().parents[1] / "data" / "logs" / "vllm_cpu_0320_real.log"
 REPO = Path(__file__).resolve().parents[2]
@@ -92,41 +89,6 @@ def test_catalog_offers_only_what_the_server_accepts() -> None:
     assert "swap-space" not in offered  # gone from vLLM 0.32.0's --help
     assert "swap-space" in offered_catalog("vllm", None)  # unknown: the whole catalog
     assert rejected_flags("vllm", {"swap-space": 4.0, "tensor-parallel-size": 1}, accepted) == ["swap-space"]
-
-
-FAKE_SERVER = '''
-import argparse
-p = argparse.ArgumentParser()
-p.add_argument("--model")
-p.add_argument("--max-num-seqs", type=int)
-p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
-p.parse_args()
-'''
-
-
-async def test_discovery_asks_help_once_then_reads_the_cache(tmp_path: Path) -> None:
-    package = tmp_path / "lib" / "fakesrv"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "api.py").write_text(FAKE_SERVER)
-    host = LocalHost("local", extra_env={"PYTHONPATH": str(tmp_path / "lib")}, state_dir=str(tmp_path / "state"))
-    found = await discover_flags(host, "vllm", sys.executable, "fakesrv.api")
-    assert found.known and not found.cached
-    assert {"model", "max-num-seqs", "enable-prefix-caching", "no-enable-prefix-caching"} <= (found.flags or set())
-    discovery._memory.clear()  # a new tunedash process
-    again = await discover_flags(host, "vllm", sys.executable, "fakesrv.api")
-    assert again.cached and again.flags == found.flags
-    (package / "new.py").write_text("")  # a reinstall changes the package folder: asked again
-    os.utime(package, ns=(1, 1))
-    fresh = await discover_flags(host, "vllm", sys.executable, "fakesrv.api")
-    assert not fresh.cached
-
-
-async def test_discovery_of_a_missing_python_says_why(tmp_path: Path) -> None:
-    host = LocalHost("local", state_dir=str(tmp_path))
-    found = await discover_flags(host, "vllm", str(tmp_path / "nope" / "python"), "vllm.entrypoints.openai.api_server")
-    assert found.flags is None and "nope/python" in found.reason
-    assert found.accepts(offered_catalog("vllm", None)["model"]) is None
 
 
 class _Stop(Exception):
@@ -215,7 +177,7 @@ async def test_probe_lengthens_requests_whose_answer_comes_in_a_burst() -> None:
 
     from aiohttp import web
 
-    from app.core.measure.loadgen import probe_loop
+    from app.core.measure.probe import probe_loop
 
     asked: list[int] = []
 

@@ -1,13 +1,13 @@
-"""The SGLang and vLLM launch-flag tables (research/servers.md sections 1 and 6, research/vllm-cpu.md).
+"""The SGLang and vLLM launch-flag tables (what each flag does and where it was checked: docs/servers.md).
 
-This module is data. Each row is a FlagSpec; `app.core.flags.rules` builds the lookup tables from them.
+This module is data. Each row is a FlagSpec; `app.core.flags.values` builds the lookup tables from them.
 
 Versions: `versions = (since, until)`, both release strings or "".
 - since: the first release checked in which the flag exists; "" = in every release checked
   (SGLang 0.4.6.post5 onward, vLLM 0.11.0 onward).
 - until: the last release checked in which the flag is a current, documented flag; "" = still current in
   the newest release checked (SGLang 0.5.23, vLLM 0.33.0). A later release may still accept it as a
-  deprecated alias; the help says so where the research does.
+  deprecated alias; the help says so where the research notes do (docs/servers.md#where-a-fact-was-checked).
 SGLang releases checked: 0.4.6.post5, 0.4.10.post2, 0.5.3, 0.5.6, 0.5.9, 0.5.10, 0.5.12, 0.5.15.post1, 0.5.23.
 vLLM releases checked: 0.11.0, 0.33.0. A flag marked "(unverified)" in its help is a well-known flag that the
 research notes do not cover; its versions are "".
@@ -16,16 +16,15 @@ Kinds: bool (store_true; False renders as nothing, or as `--no-NAME` when `negat
 choice (value must be one of `choices`), str (free text; `choices`, when given, are only suggestions),
 json (a JSON object: a TOML inline table, rendered as compact JSON), ints (a list of ints, one argv item
 each, stored as a space-separated string), free (the `custom` backend's free-form flags: any name, a
-bool, number or string, rendered as --NAME VALUE; see app.core.flags.rules).
+bool, number or string, rendered as --NAME VALUE; see app.core.flags.values).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-FlagValue = bool | int | float | str | dict[str, Any]
-"""A flag's value in a profile. JSON-kind flags hold a dict."""
+from app.core.data import FlagValue
 
 FlagKind = Literal["bool", "int", "float", "choice", "str", "json", "ints", "free"]
 

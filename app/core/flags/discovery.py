@@ -19,6 +19,7 @@ real SGLang install needs it.
 
 A server that cannot be asked (python missing, the import fails, timeout) gives ServerFlags with
 `flags=None` and the reason: callers then fall back to the whole catalog and say so. Nothing raises.
+spec_accepted, offered_catalog and rejected_flags hold the catalog against what the server accepts.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from app.core.flags.rules import FlagSpec, spec_accepted
+from app.core.flags.catalog import FlagSpec, FlagValue
+from app.core.flags.values import catalog
 from app.core.hosts.base import Host, HostError
 
 DISCOVERABLE_BACKENDS = ("vllm",)
@@ -90,6 +94,24 @@ class ServerFlags:
         return {"format": CACHE_FORMAT, "backend": self.backend, "python": self.python, "module": self.module,
                 "version": self.version, "flags": sorted(self.flags) if self.flags is not None else None,
                 "reason": self.reason}
+
+
+def spec_accepted(spec: FlagSpec, accepted: AbstractSet[str] | None) -> bool | None:
+    """Whether a server whose --help lists `accepted` (names without dashes) takes `spec`; None = unknown."""
+    if accepted is None:
+        return None
+    return any(name in accepted for name in (spec.name, *spec.aliases))
+
+
+def offered_catalog(backend: str, accepted: AbstractSet[str] | None) -> dict[str, FlagSpec]:
+    """The catalog without the flags the installed server rejects (all of it when `accepted` is None)."""
+    return {name: spec for name, spec in catalog(backend).items() if spec_accepted(spec, accepted) is not False}
+
+
+def rejected_flags(backend: str, flags: Mapping[str, FlagValue], accepted: AbstractSet[str] | None) -> list[str]:
+    """The names in `flags` that the installed server would reject at argument parsing (none when unknown)."""
+    specs = catalog(backend)
+    return [name for name in flags if name in specs and spec_accepted(specs[name], accepted) is False]
 
 
 def parse_help_flags(text: str) -> frozenset[str]:

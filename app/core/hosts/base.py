@@ -6,6 +6,9 @@ import abc
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from app.core.data import ConnectionState
+from app.core.hosts.procfs import ProcessInfo, is_group_member
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -27,18 +30,6 @@ class SpawnedProcess:
 
 
 @dataclass(frozen=True)
-class ProcessInfo:
-    """One live process on the host."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    state: str  # one letter from /proc/PID/stat: R, S, D, Z, ...
-    name: str  # comm / process title
-    start_time: str
-
-
-@dataclass(frozen=True)
 class ConnectionChanged:
     """The connection to a remote host changed state: "connected", "lost", "reconnecting" or "failed".
 
@@ -47,7 +38,7 @@ class ConnectionChanged:
     """
 
     host: str
-    state: str
+    state: ConnectionState
     detail: str
     at: float
     since: float | None = None
@@ -103,8 +94,6 @@ class Host(abc.ABC):
         """True while process group `pgid` has a live (non-zombie) member that started no earlier than
         `start_time` (the recorded leader's start time); the same answer as scanning `processes()`, which
         is what this default does. Hosts override it with a cheaper check (the leader's own stat first)."""
-        from app.core.hosts.procfs import is_group_member
-
         return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
 
     @abc.abstractmethod

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
-from app.core.hosts.base import CommandResult, Host, HostError, ProcessInfo, SpawnedProcess
-from app.core.hosts.procfs import is_group_member, listening_ports, parse_stat_line
+from app.core.hosts.base import CommandResult, Host, HostError, SpawnedProcess
+from app.core.hosts.procfs import ProcessInfo, is_group_member, listening_ports, parse_stat_line
 
 # Starts argv in a new session, detached from us, with stdin from /dev/null and output appended to
 # the log. argv travels as positional parameters, so no value is ever interpreted by the shell.

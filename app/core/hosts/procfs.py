@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from app.core.hosts.base import ProcessInfo
+from dataclasses import dataclass
 
 LISTEN_STATE = "0A"
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One live process on the host."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str  # one letter from /proc/PID/stat: R, S, D, Z, ...
+    name: str  # comm / process title
+    start_time: str
 
 
 def parse_stat_line(line: str) -> ProcessInfo | None:

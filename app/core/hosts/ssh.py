@@ -31,9 +31,10 @@ from typing import Any
 
 import asyncssh
 
-from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, ProcessInfo, SpawnedProcess
+from app.core.data import ConnectionState
+from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, SpawnedProcess
 from app.core.hosts.local import detached_argv
-from app.core.hosts.procfs import is_group_member, listening_ports, parse_stat_line, parse_stat_text
+from app.core.hosts.procfs import ProcessInfo, is_group_member, listening_ports, parse_stat_line, parse_stat_text
 from app.core.hosts.ssh_trust import (
     HostKeyChanged,
     HostKeyUnknown,
@@ -104,7 +105,7 @@ class SshHost(Host):
     def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:
         self._trust_prompt = prompt
 
-    def _emit(self, state: str, detail: str, since: float | None = None) -> None:
+    def _emit(self, state: ConnectionState, detail: str, since: float | None = None) -> None:
         self.state = state
         event = ConnectionChanged(self.name, state, detail, time.time(), since)
         for listener in list(self._listeners):

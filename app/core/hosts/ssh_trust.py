@@ -1,6 +1,6 @@
 """SSH targets and host-key trust: parse `ssh://user@host:port` or an alias, read a server's key, known_hosts.
 
-Host keys are always verified (research/style.md §4.1). A key that known_hosts does not know is "unknown":
+Host keys are always verified (docs/architecture.md#remote-hosts). A key that known_hosts does not know is "unknown":
 the CLI refuses and prints its fingerprint and `tunedash trust HOST`; the dashboard asks. A key that differs
 from the one known_hosts holds for that host is "changed" and is always refused.
 """

@@ -1,5 +1,7 @@
 """Backend log lines -> typed events (phase, ready, decode stats, notices, fatal) for SGLang and vLLM.
 
+Over 450 lines on purpose: one job, one pass per line over one LogParser state (launch, ranks, open traceback).
+
 Public API
 ----------
 - ``LogParser(backend=None, context_lines=30, ready_regex=None)``: incremental parser. ``feed(line) -> list[LogEvent]``

@@ -1,6 +1,6 @@
 """The data behind the log parser: line prefixes, phase rows, notice and fatal tables for SGLang and vLLM.
 
-Every pattern here comes from the messages quoted in research/servers.md (sections 2, 3 and 6). The
+Every pattern here matches a line shown in docs/servers.md, which says where each was checked. The
 parser (app/core/logs/parser.py) applies them with `search`, never `match`, because log files carry foreign
 prefixes (Ray, journald, embedding applications, custom logging configs).
 """
@@ -89,7 +89,7 @@ _GB = r"([\d.]+) GB"
 _GRAPH = r"(?P<graph>cuda|cpu|npu|musa|draft cuda|draft extend cuda)"
 
 PHASE_ROWS: tuple[PhaseRow, ...] = (
-    # SGLang (section 3, "Startup messages")
+    # SGLang startup (docs/servers.md#sglang-log-lines)
     PhaseRow(SGLANG, re.compile(r"server_args=ServerArgs\("), Phase.INIT, True, restart=True),
     PhaseRow(
         SGLANG,
@@ -157,10 +157,10 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         False,
         detail=(("graph", "piecewise"),),
     ),
-    # uvicorn is up but SGLang still warms up: WARMUP begins (never READY, section 8).
+    # uvicorn is up but SGLang still warms up: WARMUP begins (never READY: docs/decisions.md#vllm-ready-line).
     PhaseRow(SGLANG, re.compile(r"Application startup complete\."), Phase.WARMUP, True, once=True),
     PhaseRow(SGLANG, re.compile(r"Uvicorn running on (?P<url>\S+)"), Phase.WARMUP, True, once=True),
-    # vLLM (section 6, "Startup milestones")
+    # vLLM startup (docs/servers.md#vllm-log-lines)
     PhaseRow(
         VLLM,
         # 0.32.0 prints no such line: its start banner is ASCII art ending in "█  version 0.32.0".
@@ -213,7 +213,7 @@ VLLM_SPEC_V0 = re.compile(
     r"Number of draft tokens(?: tokens)?: (?P<draft>\d+), Number of emitted tokens(?: tokens)?: (?P<emitted>\d+)"
 )
 
-# --- notices (section 2 and the vLLM messages of section 6) ----------------------------------------------
+# --- notices (docs/servers.md: SGLang's auto-disable rules, vLLM's warnings) --------------------------------
 
 AUTO_DISABLED = "auto_disabled"
 AUTO_ADJUSTED = "auto_adjusted"

@@ -1,4 +1,4 @@
-"""A/B experiments: arms (a profile plus flag overrides), relaunches through the lifecycle, trials, statistics.
+"""A/B experiments: arms (a profile plus flag overrides), relaunches through the server's owner, trials, statistics.
 
 An arm is written "F=V F=V ..." (shlex words; `!F` unsets a flag) and applied to the profile with
 app.core.profiles.loading.apply_overrides. For each arm: relaunch (kill -> confirm free -> launch -> wait ready),
@@ -9,7 +9,7 @@ tok/s. Order: every trial of A, then every trial of B (one relaunch per arm), or
 
 Every finished trial is written to the history at once; cancelling (Ctrl-C, escape) keeps the finished
 trials, marks the run "cancelled" and still reports statistics of what was done. A server that does not
-come up for an arm fails the run (ExperimentFailed, exit code 4) with the crash detail. After the run
+come up for an arm fails the run (ExperimentFailed, Reason.START_FAILED) with the crash detail. After the run
 the last arm's server keeps running. Statistics: app.core.measure.stats (t intervals, log-ratio delta method).
 """
 
@@ -20,25 +20,31 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from app.core.data import ServerState
+from app.core.errors import Reason, TunedashError
+from app.core.hosts.base import Host
+from app.core.measure.acceptance import AcceptanceMeter
+from app.core.measure.bench import BenchResult, BenchSpec, run_bench
+from app.core.measure.client import RequestResult
 from app.core.measure.http_probes import server_info
-from app.core.measure.loadgen import AcceptanceMeter, BenchResult, BenchSpec, RequestResult, run_bench
 from app.core.measure.stats import ArmStats, RatioStats, arm_stats, ratio_stats, verdict
 from app.core.measure.store import HistoryStore
-from app.core.profiles.loading import Profile, ProfileError, apply_overrides, launch_argv
-from app.core.server.lifecycle import LaunchRefused, LifecycleEvent, ServerLifecycle, ServerLogEvent
+from app.core.profiles.loading import apply_overrides
+from app.core.profiles.render import launch_argv
+from app.core.profiles.types import Profile, ProfileError
+from app.core.server.events import LifecycleEvent, LifecycleView, ServerLogEvent
+from app.core.server.preflight import LaunchRefused
 
 ARM_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-class ExperimentFailed(Exception):
-    """The experiment stopped: a server did not start or could not be relaunched. exit_code follows the CLI's."""
+class ExperimentFailed(TunedashError):
+    """The experiment stopped: a server did not start or could not be relaunched (the reason says which)."""
 
-    def __init__(self, message: str, exit_code: int = 4) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    def __init__(self, message: str, reason: Reason = Reason.START_FAILED) -> None:
+        super().__init__(message, reason)
 
 
 @dataclass(frozen=True)
@@ -183,15 +189,32 @@ def result_json(status: str, arms: list[tuple[str, str, list[float], list[float]
     return data
 
 
-class Experiment:
-    """Runs one ExperimentSpec on a lifecycle, writing to a HistoryStore (optional) as trials finish."""
+class ServerOwner(Protocol):
+    """Whoever owns the server the experiment relaunches: the dashboard's Session, or the CLI's ServerLifecycle.
 
-    def __init__(self, spec: ExperimentSpec, lifecycle: ServerLifecycle, store: HistoryStore | None = None,
+    The experiment never drives a lifecycle behind its owner's back, so after a dashboard A/B the log view,
+    the chart's markers and the Flags panel's "running" column follow the arms' launches.
+    """
+
+    host: Host
+
+    async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState: ...
+
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]: ...
+
+    def view(self) -> LifecycleView: ...
+
+
+class Experiment:
+    """Runs one ExperimentSpec through the server's owner, writing to a HistoryStore (optional) as trials finish."""
+
+    def __init__(self, spec: ExperimentSpec, owner: ServerOwner, store: HistoryStore | None = None,
                  *, on_progress: Callable[[ExperimentProgress], None] | None = None) -> None:
         if len(spec.arms) < 2:
             raise ValueError("an experiment needs at least two arms")
         self.spec = spec
-        self.lifecycle = lifecycle
+        self.owner = owner
         self.store = store
         self.on_progress = on_progress
         self.run_id: int | None = None
@@ -215,7 +238,7 @@ class Experiment:
                 params=spec.params_json(),
                 arms=[(a.label, a.overrides, dict(a.profile.flags)) for a in spec.arms])
             self.result.run_id = self.run_id
-        self.lifecycle.subscribe(self._on_lifecycle)
+        unsubscribe = self.owner.subscribe(self._on_lifecycle)
         status, note = "failed", ""
         try:
             await self._run_schedule()
@@ -229,6 +252,7 @@ class Experiment:
             self._emit("failed", note)
             raise
         finally:
+            unsubscribe()
             self.result.status = status
             self.result.note = note
             if self.store is not None and self.run_id is not None:
@@ -253,20 +277,20 @@ class Experiment:
                    arm=arm_idx, trials_done=done, trials_total=total)
         started = time.time()
         try:
-            state = await self.lifecycle.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s)
+            state = await self.owner.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s,
+                                              change=f"arm {arm.label}: {arm.overrides or 'the profile as is'}")
         except LaunchRefused as refused:
             self._record_launch(arm_idx, arm.profile, None, "refused")
-            raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.exit_code) from None
-        times = self.lifecycle.phase_times
+            raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.reason) from None
+        life = self.owner.view()
+        times = life.phase_times
         if state != ServerState.READY:
             self._record_launch(arm_idx, arm.profile, None, state.value.lower())
-            life = self.lifecycle
-            detail = life.fatal.text if life.fatal else "; ".join(list(life.last_lines)[-3:])
             raise ExperimentFailed(
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
-                f"{'' if state != ServerState.CRASHED else ': ' + detail}); see the log "
-                f"{life.record.log_path if life.record else ''}".rstrip(), 4)
-        url = await self.lifecycle.host.http_base(arm.profile.port)
+                f"{'' if state != ServerState.CRASHED else ': ' + life.crash_detail()}); see the log "
+                f"{life.record.log_path if life.record else ''}".rstrip(), Reason.START_FAILED)
+        url = await self.owner.host.http_base(arm.profile.port)
         info = await server_info(url, arm.profile.backend)
         self._record_launch(arm_idx, arm.profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
@@ -292,7 +316,7 @@ class Experiment:
     async def _trial(self, arm_idx: int, trial_idx: int, done: int, total: int) -> None:
         arm = self.spec.arms[arm_idx]
         bench = replace(self.spec.bench, warmup=0)
-        url = await self.lifecycle.host.http_base(arm.profile.port)
+        url = await self.owner.host.http_base(arm.profile.port)
         meter = AcceptanceMeter(arm.profile.backend, url)
         await meter.start()
         self._meter = meter
@@ -329,7 +353,7 @@ class Experiment:
                    trial=trial_idx, trials_done=done + 1, trials_total=total, value=value)
 
 
-async def run_experiment(spec: ExperimentSpec, lifecycle: ServerLifecycle, store: HistoryStore | None = None,
+async def run_experiment(spec: ExperimentSpec, owner: ServerOwner, store: HistoryStore | None = None,
                          on_progress: Callable[[ExperimentProgress], None] | None = None) -> ExperimentResult:
-    """Convenience: Experiment(spec, lifecycle, store, on_progress=...).run()."""
-    return await Experiment(spec, lifecycle, store, on_progress=on_progress).run()
+    """Convenience: Experiment(spec, owner, store, on_progress=...).run()."""
+    return await Experiment(spec, owner, store, on_progress=on_progress).run()

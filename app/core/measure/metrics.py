@@ -44,7 +44,7 @@ COUNTERS = {
     ),
     # SGLang 0.5.9+: realtime_tokens_total{mode="decode"} grows every decode step (accepted draft tokens
     # included); generation_tokens_total grows only when a request finishes, so a 2 s window of a long
-    # request reads 0 tok/s. Older servers only have the latter (servers.md section 4).
+    # request reads 0 tok/s. Older servers only have the latter (docs/decisions.md#sglang-metrics-counter).
     "sglang": MetricNames(
         generation="sglang:realtime_tokens_total",
         generation_label='mode="decode"',

@@ -13,9 +13,10 @@ import json
 import time
 from typing import Any
 
+from app.core.data import FlagChange
 from app.core.measure.experiment import result_json
 from app.core.measure.store import RunRow
-from app.core.profiles.loading import FlagChange, flag_diff
+from app.core.profiles.render import flag_diff
 
 
 def run_json(run: RunRow) -> dict[str, Any]:

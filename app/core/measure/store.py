@@ -137,6 +137,11 @@ class RunRow:
     launches: list[LaunchRow] = field(default_factory=list)
     trial_count: int = 0
 
+    @property
+    def shown_status(self) -> str:
+        """The status for people: a run whose writer died before finishing it reads "interrupted"."""
+        return "interrupted" if self.status == "running" and self.finished_at is None else self.status
+
     def values(self, arm_idx: int) -> list[float]:
         """The arm's successful trial values, in order."""
         return [t.value for t in self.trials if t.arm_idx == arm_idx and t.value is not None]

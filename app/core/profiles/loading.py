@@ -1,4 +1,4 @@
-"""Profiles: TOML files -> validated, frozen Profile; finding them; --set/--unset; launch argv; flag diffs.
+"""Profiles: TOML files -> validated, frozen Profile; finding them by name or path; --set/--unset overrides.
 
 Profile TOML schema (every key; anything else is an error naming the file and the key):
 
@@ -23,7 +23,7 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                 typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.
                 model-path/model and port are top-level keys, not flags.
-    [toggles]   merged over the backend's built-in toggles (app.core.flags.rules), keyed by the key character:
+    [toggles]   merged over the backend's built-in toggles (app.core.flags.toggles), keyed by the key character:
                 [toggles.s] label = "steps", cycle = "speculative-num-steps", values = [1, 2, 3]
                 [toggles.g] label = "pcg", flip = "enforce-piecewise-cuda-graph"
                 [toggles.m] label = "mem", set = "mem-fraction-static", value = 0.85
@@ -45,7 +45,7 @@ backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as 
                            At least one of the two. Both: the log line is READY, the URL confirms it (like
                            /health for SGLang). Only health_url: READY when it first answers 200.
     module is an error; model and port are optional (then {model}/{port} cannot be used). There is no flag
-    catalog and no toggle: [flags] are free-form (app.core.flags.rules: any name, a bool/number/string value,
+    catalog and no toggle: [flags] are free-form (app.core.flags.values: any name, a bool/number/string value,
     rendered as --name value after the command, in the file's order; false renders nothing), and
     `--set name=value` adds or changes one. The log keeps the generic fatal detection (tracebacks, OOM,
     "address already in use"); SGLang/vLLM phases and throughput lines are not read.
@@ -56,7 +56,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,60 +64,11 @@ from typing import Any
 import platformdirs
 
 import app
-from app.core.flags.rules import (
-    CUSTOM,
-    FlagError,
-    FlagSpec,
-    FlagValue,
-    Toggle,
-    catalog,
-    format_value,
-    free_flag,
-    lookup_flag,
-    parse_json_scalar,
-    parse_value,
-    render_flag,
-    set_flag,
-    sync_draft_tokens,
-    toggle_for_flag,
-    unknown_flag_message,
-)
-from app.core.profiles.schema import (
-    DEFAULT_MODULES,
-    DEFAULT_PORTS,
-    ENDPOINTS,
-    PLACEHOLDER,
-    RESERVED_FLAGS,
-    ProfileReader,
-)
-from app.core.profiles.types import BenchSettings, FlagChange, Profile, ProfileError
-
-__all__ = [
-    "DEFAULT_MODULES",
-    "DEFAULT_PORTS",
-    "ENDPOINTS",
-    "MODEL_FLAG",
-    "BenchSettings",
-    "FlagChange",
-    "Profile",
-    "ProfileError",
-    "apply_overrides",
-    "custom_argv",
-    "describe_change",
-    "find_profiles",
-    "flag_diff",
-    "health_url",
-    "launch_argv",
-    "launch_env",
-    "load_profile",
-    "parse_profile",
-    "profile_diff",
-    "profile_dirs",
-    "resolve_profile",
-]
-
-MODEL_FLAG = {"sglang": "model-path", "vllm": "model", "custom": "model"}
-
+from app.core.flags.catalog import FlagSpec
+from app.core.flags.toggles import sync_draft_tokens
+from app.core.flags.values import FlagError, lookup_flag, parse_json_scalar, parse_value, set_flag, unknown_flag_message
+from app.core.profiles.schema import RESERVED_FLAGS, ProfileReader
+from app.core.profiles.types import Profile, ProfileError
 
 # ---------------------------------------------------------------- loading
 
@@ -263,111 +214,3 @@ def _reserved_value(spec: FlagSpec, text: str, where: str) -> Any:
     if spec.name != "port" and not str(value).strip():
         raise ProfileError(f"--set {where}: the model cannot be empty")
     return value
-
-
-# ---------------------------------------------------------------- rendering and diffs
-
-
-def launch_argv(profile: Profile) -> list[str]:
-    """The server's command line as an argv list: python -m MODULE --model-path M --port P FLAGS...
-
-    vLLM gets `--model M` (the api_server module's form). Flags come in catalog order, so two profiles
-    with the same flags render the same argv: True booleans as "--flag", False ones not at all (or
-    "--no-flag" for negatable vLLM flags), JSON flags as compact JSON.
-    """
-    if profile.backend == CUSTOM:
-        return custom_argv(profile)
-    argv = [profile.python, "-m", profile.module, f"--{MODEL_FLAG[profile.backend]}", profile.model,
-            "--port", str(profile.port)]
-    specs = catalog(profile.backend)
-    unknown = [name for name in profile.flags if name not in specs]
-    if unknown:
-        raise ProfileError(f"{profile.source}: flags.{unknown[0]}: {unknown_flag_message(profile.backend, unknown[0])}")
-    for name, spec in specs.items():
-        if name in profile.flags:
-            argv += render_flag(spec, profile.flags[name])
-    return argv
-
-
-def substitute(template: str, profile: Profile) -> str:
-    """One custom-profile template item with {port}, {model}, {python} and {profile_dir} filled in."""
-    values = {"port": str(profile.port), "model": profile.model, "python": profile.python,
-              "profile_dir": str(profile.source.parent.resolve())}
-    return PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
-
-
-def custom_argv(profile: Profile) -> list[str]:
-    """A custom profile's argv: its command with placeholders filled, then its free-form flags in order."""
-    argv = [substitute(item, profile) for item in profile.command]
-    for name, value in profile.flags.items():
-        argv += render_flag(free_flag(name), value)
-    return argv
-
-
-def health_url(profile: Profile) -> str:
-    """The URL that confirms the server ready: a custom profile's health_url, else http://127.0.0.1:PORT/health."""
-    if profile.backend == CUSTOM:
-        return substitute(profile.health_url, profile) if profile.health_url else ""
-    return f"http://127.0.0.1:{profile.port}/health"
-
-
-def launch_env(profile: Profile) -> dict[str, str]:
-    """The profile's env plus CUDA_VISIBLE_DEVICES from `gpus` (unless env sets it or gpus is empty)."""
-    env = dict(profile.env)
-    if profile.gpus and "CUDA_VISIBLE_DEVICES" not in env:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in profile.gpus)
-    return env
-
-
-def flag_diff(old_flags: Mapping[str, FlagValue], new_flags: Mapping[str, FlagValue]) -> list[FlagChange]:
-    """What changed from `old_flags` to `new_flags`, in the old order then the new flags' order.
-
-    When a JSON flag is in both (or appears/disappears with a single key, as a toggle does it), its
-    changed keys are reported one by one with dotted names ("speculative-config.num_speculative_tokens").
-    """
-    changes: list[FlagChange] = []
-    for name in [*old_flags, *(n for n in new_flags if n not in old_flags)]:
-        old, new = old_flags.get(name), new_flags.get(name)
-        if old == new:
-            continue
-        before = old if isinstance(old, dict) else {} if old is None else None
-        after = new if isinstance(new, dict) else {} if new is None else None
-        if before is not None and after is not None and ((old is not None and new is not None)
-                                                         or len(before) + len(after) == 1):
-            for key in [*before, *(k for k in after if k not in before)]:
-                if before.get(key) != after.get(key):
-                    changes.append(FlagChange(f"{name}.{key}", before.get(key), after.get(key)))
-        else:
-            changes.append(FlagChange(name, old, new))
-    return changes
-
-
-def profile_diff(old: Profile, new: Profile) -> list[FlagChange]:
-    """flag_diff of the whole command lines: the model and port first, then the flags."""
-    changes = [FlagChange(f, a, b) for f, a, b in (
-        (MODEL_FLAG[old.backend], old.model, new.model), ("port", old.port, new.port)) if a != b]
-    return changes + flag_diff(old.flags, new.flags)
-
-
-def describe_change(change: FlagChange, toggles: Sequence[Toggle] = ()) -> str:
-    """One change for people: "steps 1 -> 3" when a one-flag toggle covers the flag, else "--flag old -> new".
-
-    An absent boolean reads "off", an absent value with a toggle default reads as that default
-    ("graphs FULL_AND_PIECEWISE -> NONE"), other absent values read "unset".
-    """
-    toggle = toggle_for_flag(toggles, change.flag)
-    if toggle is not None and len(toggle.flags) == 1:
-        label = toggle.label
-    elif toggle is not None:
-        label = f"{toggle.label}: --{change.flag}"
-    else:
-        label = f"--{change.flag}"
-    boolean = isinstance(change.old, bool) or isinstance(change.new, bool)
-    unset = "unset"
-    if boolean:
-        unset = "off"
-    elif toggle is not None and toggle.defaults and len(toggle.flags) == 1:
-        unset = format_value(toggle.defaults[0])
-    old = unset if change.old is None else format_value(change.old)
-    new = unset if change.new is None else format_value(change.new)
-    return f"{label} {old} -> {new}"

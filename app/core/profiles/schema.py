@@ -12,25 +12,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.core.flags.rules import (
-    BACKENDS,
-    CUSTOM,
-    FlagError,
-    FlagSpec,
-    FlagValue,
-    Toggle,
-    check_value,
-    default_toggles,
-    flip,
-    lookup_flag,
-    unknown_flag_message,
-)
+from app.core.data import BACKENDS, FlagValue, one_of
+from app.core.flags.catalog import FlagSpec
+from app.core.flags.toggles import Toggle, default_toggles, flip
+from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
 from app.core.profiles.types import BenchSettings, Profile, ProfileError
 
 DEFAULT_MODULES = {
     ("sim", "sglang"): "app.sim.sglang",
     ("", "sglang"): "sglang.launch_server",
-    ("", "vllm"): "vllm.entrypoints.openai.api_server",  # not `vllm serve`: research/vllm-cpu.md quirk 2
+    ("", "vllm"): "vllm.entrypoints.openai.api_server",  # not `vllm serve`: docs/servers.md#vllm-command-line
 }
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
 # Flags that are top-level profile keys instead.
@@ -73,9 +64,10 @@ class ProfileReader:
         self.unknown_keys(data, self.TOP_KEYS, "")
         if "backend" not in data:
             raise self.fail("backend", "missing; every profile needs backend and model")
-        backend = self.typed(data, "backend", str)
-        if backend not in BACKENDS:
-            raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        named = self.typed(data, "backend", str)
+        backend = one_of(named, BACKENDS)
+        if backend is None:
+            raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {named!r}")
         if "model" not in data and backend != CUSTOM:
             raise self.fail("model", "missing; every profile needs backend and model")
         got = {key: self.typed(data, key, kind) for key, kind in _TOP_TYPES.items() if key in data}

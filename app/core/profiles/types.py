@@ -1,11 +1,12 @@
-"""The profile data types: Profile, BenchSettings, FlagChange and ProfileError (app.core.profiles.loading uses them)."""
+"""The profile data types: Profile, BenchSettings and ProfileError (app.core.profiles.loading uses them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.core.flags.rules import FlagValue, Toggle
+from app.core.data import Backend, FlagValue
+from app.core.flags.toggles import Toggle
 
 
 class ProfileError(ValueError):
@@ -33,7 +34,7 @@ class Profile:
     name: str
     source: Path
     host: str
-    backend: str
+    backend: Backend
     python: str
     model: str
     port: int
@@ -53,19 +54,3 @@ class Profile:
     def toggle(self, key: str) -> Toggle | None:
         """The toggle bound to `key`, if any."""
         return next((t for t in self.toggles if t.key == key), None)
-
-
-@dataclass(frozen=True)
-class FlagChange:
-    """One difference between two flag sets. `flag` is dotted for a key of a JSON flag; None = absent."""
-
-    flag: str
-    old: FlagValue | None
-    new: FlagValue | None
-
-    @property
-    def kind(self) -> str:
-        """"added", "removed" or "changed"."""
-        if self.old is None:
-            return "added"
-        return "removed" if self.new is None else "changed"

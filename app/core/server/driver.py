@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.core.data import EventLevel
 from app.core.hosts.base import Host, HostError
 from app.core.server import jobs
 
@@ -26,7 +27,7 @@ class DriverVerdict:
 
     readonly: bool
     message: str
-    level: str = "info"
+    level: EventLevel = "info"
 
 
 def _clock(at: float) -> str:

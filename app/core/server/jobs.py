@@ -16,7 +16,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from app.core.hosts.base import Host, ProcessInfo
+from app.core.data import JOB_OUTCOMES, JobOutcome, one_of
+from app.core.hosts.base import Host
+from app.core.hosts.procfs import ProcessInfo
 
 
 def who_am_i() -> str:
@@ -51,16 +53,25 @@ class JobRecord:
     baseline_mib: dict[str, int] = field(default_factory=dict)
     phase_times: dict[str, float] = field(default_factory=dict)
     ready_at: float | None = None
-    outcome: str = "running"  # running | ready | crashed | killed
+    outcome: JobOutcome = "running"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
+        """The record in `text`; ValueError or TypeError when it is not one (load_job: unreadable).
+
+        Unknown keys are dropped (a newer tunedash may add some). An outcome that is not a JobOutcome reads as
+        "running": the record still names the group we launched (so it can be killed and re-attached to),
+        and whether it runs is then decided from the process table, as for any running record."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("a job record is a JSON object")
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in raw.items() if key in known})
+        values = {key: value for key, value in raw.items() if key in known}
+        values["outcome"] = one_of(values.get("outcome", "running"), JOB_OUTCOMES) or "running"
+        return cls(**values)
 
 
 def job_path(host: Host, profile_name: str) -> str:

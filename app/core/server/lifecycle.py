@@ -1,10 +1,14 @@
 """The server state machine: launch -> ready -> kill -> confirm free -> relaunch, each phase timed.
 
+Over 450 lines: one class whose launch, watch, kill and relaunch share one state; its rules, refusals, events
+and the release live beside it (states.py, preflight.py, events.py, release.py).
+
 One ServerLifecycle drives one profile's server on one host. It launches the server detached (it
 outlives tunedash), records a job file on the host so a later tunedash re-attaches, follows the log to
 move through LAUNCHING -> LOADING -> CAPTURING -> WARMING -> READY, watches the process group so a
 death before READY is CRASHED (with the fatal event and the last log lines), kills by process group
-(SIGTERM, grace period, SIGKILL) and confirms the GPUs free (FREE, or STUCK with the holders).
+(SIGTERM, grace period, SIGKILL) and confirms the GPUs free (FREE, or STUCK with the holders), both
+through app.core.server.release; the log events move it by the rule of app.core.server.states.
 Listeners receive LifecycleEvents; nothing here knows about a UI.
 
 A custom profile (backend = "custom") is READY when its ready_regex matches a log line; with only a
@@ -17,122 +21,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.data import (
     DecodeStats,
+    EventLevel,
     FatalEvent,
+    Holder,
     LogEvent,
     Notice,
-    Phase,
-    PhaseEvent,
-    ReadyEvent,
     ServerState,
 )
+from app.core.errors import Reason
 from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
 from app.core.logs.parser import LogParser
 from app.core.measure.http_probes import check_url
-from app.core.profiles.loading import Profile, health_url, launch_argv, launch_env
+from app.core.profiles.render import health_url, launch_argv, launch_env
+from app.core.profiles.types import Profile
 from app.core.server import jobs
-from app.core.telemetry.freecheck import FreeCheck, FreeVerdict, Holder, learn_baseline
-from app.core.telemetry.nvml import NvmlTelemetry
-from app.core.telemetry.smi import SmiTelemetry, Telemetry
+from app.core.server.events import (
+    CONNECTION_LEVELS,
+    ActionLogged,
+    Launched,
+    LifecycleEvent,
+    LifecycleView,
+    Listeners,
+    ServerLogEvent,
+    StateChanged,
+)
+from app.core.server.preflight import LaunchRefused, preflight
+from app.core.server.release import (
+    FreeProgress,
+    FreeWatch,
+    freed_text,
+    start_free_watch,
+    stuck_text,
+    terminate_group,
+    wait_free,
+)
+from app.core.server.states import LIVE_STATES, STARTING_STATES, phase_durations, state_after, telling_fatal
+from app.core.telemetry.freecheck import FreeVerdict
+from app.core.telemetry.smi import Telemetry
 
-LIVE_STATES = {
-    ServerState.LAUNCHING,
-    ServerState.LOADING,
-    ServerState.CAPTURING,
-    ServerState.WARMING,
-    ServerState.READY,
-}
-STARTING_STATES = LIVE_STATES - {ServerState.READY}
-RELEASE_POLL_MS = 50  # SmiTelemetry.stream samples no faster than every 50 ms
 HEALTH_POLL_S = 0.25  # a custom profile's health_url, while it starts
-# Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed").
-FATAL_RANK = {"child_failed": 0, "error": 1, "traceback": 2, "port_in_use": 3, "oom": 3}
-
-
-@dataclass(frozen=True)
-class StateChanged:
-    state: ServerState
-    previous: ServerState
-    at: float  # time.time()
-
-
-@dataclass(frozen=True)
-class ActionLogged:
-    """A line for the event log: an action or an outcome ("SIGTERM to group 48921")."""
-
-    text: str
-    level: str = "info"  # info | warning | error
-    at: float = field(default_factory=time.time)
-
-
-@dataclass(frozen=True)
-class ServerLogEvent:
-    event: LogEvent
-    replayed: bool = False  # read from the log as it was when tunedash re-attached (old news, not live)
-
-
-@dataclass(frozen=True)
-class FreeProgress:
-    verdict: FreeVerdict
-    elapsed_s: float
-
-
-# ConnectionChanged (app.core.hosts.base): a remote host's connection was lost / is back / failed.
-LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged
-
-
-class FreeWatch:
-    """Samples the GPUs in the background and feeds a FreeCheck; `confirmed` is set once they are free."""
-
-    def __init__(
-        self,
-        sampler: Telemetry,
-        check: FreeCheck,
-        progress: Callable[[FreeVerdict], None],
-        *,
-        close_sampler: bool,
-    ) -> None:
-        self.started = time.monotonic()
-        self.verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
-        self.confirmed = asyncio.Event()
-        self._sampler = sampler
-        self._check = check
-        self._progress = progress
-        self._close_sampler = close_sampler
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        async with contextlib.aclosing(self._sampler.stream(RELEASE_POLL_MS)) as snapshots:
-            async for snapshot in snapshots:
-                self.verdict = self._check.feed(snapshot)
-                self._progress(self.verdict)
-                if self.verdict.confirmed:
-                    self.confirmed.set()
-                    return
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
-        if self._close_sampler:
-            await self._sampler.close()
-
-
-class LaunchRefused(Exception):
-    """Launch did not start a server; the message says why and what to do."""
-
-    def __init__(self, message: str, exit_code: int, holders: tuple[Holder, ...] = ()) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.holders = holders
 
 
 class ServerLifecycle:
@@ -167,7 +101,7 @@ class ServerLifecycle:
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         self._replay_left = 0  # log lines that were already there when we re-attached
-        self._listeners: list[Callable[[LifecycleEvent], None]] = []
+        self._listeners = Listeners()
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -179,14 +113,23 @@ class ServerLifecycle:
         task.add_done_callback(self._background.discard)
 
     # ---- listeners -------------------------------------------------------------------------------
-    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> None:
-        self._listeners.append(listener)
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
+        """Receive every event from now on; returns the function that unsubscribes."""
+        return self._listeners.subscribe(listener)
+
+    def view(self) -> LifecycleView:
+        """What this lifecycle knows now, frozen."""
+        return LifecycleView(
+            state=self.state, since=self.state_since, record=self.record, profile=self.profile,
+            phase_times=self.phase_times, notices=tuple(self.notices), fatal=self.fatal,
+            last_lines=tuple(self.last_lines), holders=self.holders, health_ok=self.health_ok,
+            last_decode=self.last_decode,
+        )
 
     def _emit(self, event: LifecycleEvent) -> None:
-        for listener in list(self._listeners):
-            listener(event)
+        self._listeners.emit(event)
 
-    def _say(self, text: str, level: str = "info") -> None:
+    def _say(self, text: str, level: EventLevel = "info") -> None:
         self._emit(ActionLogged(text, level))
 
     def _set_state(self, state: ServerState) -> None:
@@ -205,30 +148,13 @@ class ServerLifecycle:
         """Seconds per phase of the last launch (start, load, capture, warmup, ready; kill, release)."""
         if self._attached_times is not None:
             return dict(self._attached_times)
-        marks = self._marks
-        order = [
-            ("kill", "KILLING", "RELEASING"),
-            ("release", "RELEASING", "FREE"),
-            ("start", "LAUNCHING", "LOADING"),
-            ("load", "LOADING", "CAPTURING"),
-            ("capture", "CAPTURING", "WARMING"),
-            ("warmup", "WARMING", "READY"),
-            ("ready", "LAUNCHING", "READY"),
-        ]
-        times: dict[str, float] = {}
-        for name, begin, end in order:
-            if begin in marks and end in marks and marks[end] >= marks[begin]:
-                times[name] = round(marks[end] - marks[begin], 3)
-        if "load" not in times and "LOADING" in marks and "WARMING" in marks and "CAPTURING" not in marks:
-            times["load"] = round(marks["WARMING"] - marks["LOADING"], 3)
-        return times
+        return phase_durations(self._marks)
 
     # ---- connection (remote hosts) ---------------------------------------------------------------
     def _on_connection(self, event: ConnectionChanged) -> None:
         """Pass the change on, log it, and after a reconnect re-attach to the job from its record."""
         self._emit(event)
-        level = {"connected": "info", "lost": "warning", "reconnecting": "warning"}.get(event.state, "error")
-        self._say(event.detail, level)
+        self._say(event.detail, CONNECTION_LEVELS[event.state])
         if event.state == "connected" and event.since is not None:
             self._spawn(self._reattach_after_reconnect())
 
@@ -262,40 +188,8 @@ class ServerLifecycle:
 
     # ---- launch ----------------------------------------------------------------------------------
     async def preflight(self) -> dict[int, int]:
-        """Refuse to launch onto a taken port or GPUs that hold memory; returns the idle baseline."""
-        profile = self.profile
-        record = await jobs.load_job(self.host, profile.name)
-        if record is not None and await jobs.job_members(self.host, record):
-            raise LaunchRefused(
-                f"{profile.name} is already running on {self.host.name} (pid {record.pid}, port {record.port}); "
-                "use `tunedash relaunch` or `tunedash kill` first",
-                2,
-            )
-        if profile.port and await self.host.port_in_use(profile.port):
-            raise LaunchRefused(
-                f"port {profile.port} on {self.host.name} is already in use by another process; stop it or "
-                f"set another `port` in {profile.source}",
-                4,
-            )
-        if not profile.gpus:
-            return {}
-        snapshot = await self.telemetry.sample()
-        if snapshot.error is not None:
-            raise LaunchRefused(
-                f"cannot read the GPUs of {self.host.name}: {snapshot.error.message.strip()}"
-                + (f" ({snapshot.error.hint})" if snapshot.error.hint else ""),
-                4,
-            )
-        verdict = FreeCheck(tuple(profile.gpus), needed=1).feed(snapshot)
-        if not verdict.all_free:
-            detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
-            raise LaunchRefused(
-                f"GPUs of {profile.name} on {self.host.name} are not free: {detail}. "
-                "Kill the holders (or `tunedash free` to wait) before launching",
-                3,
-                verdict.holders,
-            )
-        return learn_baseline(snapshot, tuple(profile.gpus))
+        """Refuse to launch onto a running job, a taken port or held GPUs (LaunchRefused); the idle baseline."""
+        return await preflight(self.host, self.profile, self.telemetry)
 
     async def launch(self) -> jobs.JobRecord:
         """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
@@ -332,6 +226,7 @@ class ServerLifecycle:
         self.record = record
         await jobs.save_job(self.host, record)
         self._say(f"launched pid {spawned.pid} (group {spawned.pgid}) on {self.host.name}, log {log_path}")
+        self._emit(Launched(record, profile))
         self._start_watch(record)
         return record
 
@@ -412,31 +307,24 @@ class ServerLifecycle:
 
     def _handle_log_event(self, event: LogEvent, record: jobs.JobRecord, replayed: bool = False) -> None:
         self._emit(ServerLogEvent(event, replayed))
-        if isinstance(event, PhaseEvent):
-            self._advance(event)
-        elif isinstance(event, ReadyEvent):
+        target = state_after(self.state, event)
+        if target == ServerState.READY:
             self._became_ready(record)
-        elif isinstance(event, Notice):
+        elif target is not None:
+            self._advance(target)
+        if isinstance(event, Notice):
             self.notices.append(event)
             self._say(event.text, "warning")
         elif isinstance(event, FatalEvent):
-            if self.fatal is None or FATAL_RANK.get(event.kind, 0) >= FATAL_RANK.get(self.fatal.kind, 0):
-                self.fatal = event
+            self.fatal = telling_fatal(self.fatal, event)
             self._say(f"fatal: {event.text}", "error")
         elif isinstance(event, DecodeStats):
             self.last_decode = event
 
-    def _advance(self, event: PhaseEvent) -> None:
-        if self.state not in STARTING_STATES:
-            return
-        if event.phase in (Phase.CUDA_GRAPH, Phase.PIECEWISE_CUDA_GRAPH) and event.begin:
-            self._set_state(ServerState.CAPTURING)
-        elif event.phase == Phase.WARMUP:
-            if self.state == ServerState.LAUNCHING:
-                self._set_state(ServerState.LOADING)
-            self._set_state(ServerState.WARMING)
-        elif self.state == ServerState.LAUNCHING and event.phase in (Phase.INIT, Phase.WEIGHTS, Phase.KV_CACHE):
-            self._set_state(ServerState.LOADING)
+    def _advance(self, target: ServerState) -> None:
+        if target == ServerState.WARMING and self.state == ServerState.LAUNCHING:
+            self._set_state(ServerState.LOADING)  # a warm-up seen first still shows (and times) the loading
+        self._set_state(target)
 
     def _became_ready(self, record: jobs.JobRecord, *, confirm: bool = True) -> None:
         if self.state in STARTING_STATES and self._attached_times is not None:
@@ -498,19 +386,11 @@ class ServerLifecycle:
         # whole group is gone, so FREE can follow the group's exit at once instead of starting to look then.
         watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
         try:
-            signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
+            await terminate_group(self.host, record, self.grace_s, self._say)
         except BaseException:
             if watch is not None:
                 await watch.stop()
             raise
-        self._say(f"SIGTERM to group {record.pgid} ({len(signalled)} processes)")
-        if not await self._wait_group_gone(record, self.grace_s):
-            left = await jobs.signal_job(self.host, record, signal.SIGKILL)
-            self._say(f"SIGKILL to group {record.pgid} after {self.grace_s:.0f} s grace ({len(left)} left)", "warning")
-            if not await self._wait_group_gone(record, 10.0):
-                remaining = await jobs.job_members(self.host, record)
-                names = ", ".join(f"{p.pid} {p.name} ({p.state})" for p in remaining)
-                self._say(f"processes survive SIGKILL: {names}", "error")
         if self._watch_task:
             self._watch_task.cancel()
         record.outcome = "killed"
@@ -519,14 +399,6 @@ class ServerLifecycle:
             self._set_state(ServerState.STOPPED)
             return None
         return await self.confirm_free(record, watch=watch)
-
-    async def _wait_group_gone(self, record: jobs.JobRecord, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not await jobs.job_alive(self.host, record):
-                return True
-            await asyncio.sleep(0.05)
-        return not await jobs.job_alive(self.host, record)
 
     async def confirm_free(
         self,
@@ -546,55 +418,31 @@ class ServerLifecycle:
         if watch is None:
             watch = self._watch_free(record)
         self._set_state(ServerState.RELEASING)
-        try:
-            await asyncio.wait_for(watch.confirmed.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            await watch.stop()
-        verdict = watch.verdict
-        elapsed = time.monotonic() - watch.started
-        used = ", ".join(
-            f"GPU{gpu} {'?' if mib is None else mib} MiB" for gpu, mib in sorted(verdict.used_mib.items())
-        )
+        verdict, elapsed = await wait_free(watch, timeout)
         if verdict.confirmed:
             self.holders = ()
             self._set_state(ServerState.FREE)
-            self._say(f"{used} after {elapsed:.1f} s")
+            self._say(freed_text(verdict, elapsed))
         else:
             self.holders = verdict.holders
             self._set_state(ServerState.STUCK)
-            detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
-            self._say(f"GPUs still held after {elapsed:.1f} s: {detail}", "error")
+            self._say(stuck_text(verdict, elapsed), "error")
         return verdict
 
     def _watch_free(self, record: jobs.JobRecord | None) -> FreeWatch:
-        baseline = {int(k): v for k, v in (record.baseline_mib if record else {}).items()}
-        started = time.monotonic()
-        check = FreeCheck(tuple(self.profile.gpus), baseline, not_before=started)
+        def progress(update: FreeProgress) -> None:
+            self.last_free = update.verdict
+            self._emit(update)
 
-        def progress(verdict: FreeVerdict) -> None:
-            self.last_free = verdict
-            self._emit(FreeProgress(verdict, time.monotonic() - started))
-
-        sampler = self._release_telemetry()
-        return FreeWatch(sampler, check, progress, close_sampler=sampler is not self.telemetry)
-
-    def _release_telemetry(self) -> Telemetry:
-        """A tight sampler for confirm-free: memory every 50 ms and a fresh process list as often.
-
-        The dashboard's sampler reads process lists once a second; after a kill that would hold FREE back
-        by up to a second (measured on an H200: NVML FREE 1.1 s after the driver's release, 0.15 s with this).
-        """
-        if isinstance(self.telemetry, SmiTelemetry):
-            return SmiTelemetry(self.host, self.profile.gpus, apps_interval_s=RELEASE_POLL_MS / 1000)
-        if isinstance(self.telemetry, NvmlTelemetry):
-            return self.telemetry.for_release(RELEASE_POLL_MS / 1000)
-        return self.telemetry
+        baseline = record.baseline_mib if record else {}
+        return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress)
 
     # ---- relaunch --------------------------------------------------------------------------------
-    async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None) -> ServerState:
-        """kill -> confirm free -> launch -> wait ready, with the new profile (flags)."""
+    async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState:
+        """kill -> confirm free -> launch -> wait ready, with the new profile (flags); `change` is said first."""
+        if change:
+            self._say(f"relaunch: {change}")
         for key in list(self._marks):
             self._marks.pop(key)
         self._attached_times = None
@@ -603,7 +451,7 @@ class ServerLifecycle:
             raise LaunchRefused(
                 "GPUs did not come free after the kill: "
                 + ("; ".join(h.describe() for h in verdict.holders) or verdict.unreadable),
-                3,
+                Reason.GPUS_HELD,
                 verdict.holders,
             )
         self.profile = profile

@@ -6,12 +6,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.data import FatalEvent, Notice, Phase, PhaseEvent, ReadyEvent, ServerState
-from app.core.hosts.base import Host, ProcessInfo
+from app.core.data import FatalEvent, Notice, ServerState
+from app.core.hosts.base import Host
+from app.core.hosts.procfs import ProcessInfo
 from app.core.logs.parser import LogParser
-from app.core.profiles.loading import Profile
+from app.core.profiles.types import Profile
 from app.core.server import jobs
-from app.core.server.lifecycle import FATAL_RANK
+from app.core.server.states import state_from_log, telling_fatal
 
 
 @dataclass
@@ -27,22 +28,6 @@ class StatusReport:
     fatal: str | None = None
 
 
-def state_from_log(events: list[Any]) -> ServerState:
-    """The furthest startup state a log reached."""
-    state = ServerState.LAUNCHING
-    for event in events:
-        if isinstance(event, ReadyEvent):
-            return ServerState.READY
-        if isinstance(event, PhaseEvent):
-            if event.phase in (Phase.CUDA_GRAPH, Phase.PIECEWISE_CUDA_GRAPH):
-                state = ServerState.CAPTURING
-            elif event.phase == Phase.WARMUP:
-                state = ServerState.WARMING
-            elif state == ServerState.LAUNCHING:
-                state = ServerState.LOADING
-    return state
-
-
 async def inspect_job(host: Host, profile: Profile) -> StatusReport:
     record = await jobs.load_job(host, profile.name)
     if record is None:
@@ -55,8 +40,10 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
         events.extend(parser.feed(line))
     events.extend(parser.flush())
     notices = [e.text for e in events if isinstance(e, Notice)]
-    fatal_events = [e for e in events if isinstance(e, FatalEvent)]
-    telling = max(reversed(fatal_events), key=lambda e: FATAL_RANK.get(e.kind, 0), default=None)
+    telling: FatalEvent | None = None
+    for event in events:
+        if isinstance(event, FatalEvent):
+            telling = telling_fatal(telling, event)
     if members:
         state = state_from_log(events)
     elif record.outcome == "killed":

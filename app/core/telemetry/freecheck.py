@@ -3,7 +3,7 @@
 A GPU counts as free when the snapshot read it (no error, memory.used a number), it lists no compute
 process, and memory.used is at or under its idle baseline plus a tolerance (64 MiB by default:
 well under the ~500 MiB any CUDA context costs, well over the 0-26 MiB idle readings seen in the wild;
-research/gpu_telemetry.md section 9). All GPUs of the profile must be free on `needed` consecutive
+docs/gpus.md#the-free-rule). All GPUs of the profile must be free on `needed` consecutive
 snapshots (2 by default), because memory release is not atomic with the process leaving the list.
 """
 
@@ -11,26 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.core.data import GpuSnapshot
+from app.core.data import GpuSnapshot, Holder
 
 DEFAULT_TOLERANCE_MIB = 64
 BASELINE_CAP_MIB = 1024
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Something still holding memory on a GPU: a process, or memory with no visible process."""
-
-    gpu: int
-    pid: int | None
-    name: str
-    used_mib: int | None
-
-    def describe(self) -> str:
-        mib = "? MiB" if self.used_mib is None else f"{self.used_mib} MiB"
-        if self.pid is None:
-            return f"GPU{self.gpu}: {mib} held, no visible process"
-        return f"GPU{self.gpu}: pid {self.pid} {self.name} {mib}"
 
 
 @dataclass(frozen=True)

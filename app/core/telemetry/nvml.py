@@ -5,7 +5,7 @@ with ``await sample() -> GpuSnapshot``, ``stream(period_ms=1000) -> AsyncIterato
 ``await close()`` (nvmlShutdown). ``nvml`` is the pynvml module (imported lazily when None); tests inject a
 fake with the same functions, return shapes and exception classes.
 
-Rules (research/gpu_telemetry.md §7):
+Rules (the NVML facts behind them: docs/gpus.md#nvml-nvidia-ml-py):
 
 - nvmlInit once; device handles, uuid and name once per device (a failed one is retried next sample).
   Init failures (library not found, driver not loaded, no permission, version mismatch, ...) give a

@@ -29,7 +29,7 @@ The process-list rule (why compute-apps is not a ``-lms`` loop): in loop mode ``
 prints nothing at all for a tick with no processes, so silence cannot be told apart from "not printed yet"
 without guessing from timing. A one-shot query can: exit code 0 with empty stdout *is* "no processes".
 So process lists come from a one-shot ``--query-compute-apps`` run at most every ``apps_interval_s``
-(default 1 s; research §7.5: refresh process lists less often than memory), never two at once. Each tick
+(default 1 s; docs/gpus.md#loop-mode-and-the-process-list), never two at once. Each tick
 waits up to min(period, 1 s) for the query in flight, then attaches the newest *completed* list, with
 ``GpuSample.processes_taken_at`` = the moment that query started. Consequences a consumer can rely on:
 
@@ -39,10 +39,9 @@ waits up to min(period, 1 s) for the query in flight, then attaches the newest *
   ``processes_taken_at`` is after its kill.
 - ``processes is None`` (with ``unavailable["processes"]``) when no list exists yet, the last query failed,
   or the newest list is older than ``apps_max_age_s`` (default max(5 s, 3 x period)).
-The cost is one nvidia-smi spawn per `apps_interval_s` (~25-30 ms on a real H200 with persistence mode,
-research §2; measured 31 ms median through LocalHost with the simulated nvidia-smi) plus, over SSH, one exec
-on the already open connection; the memory stream itself never respawns. A confirm-free sampler may set
-``apps_interval_s`` to its period: queries never overlap, so the list then refreshes as fast as it can.
+The cost is one nvidia-smi spawn per `apps_interval_s` (figures: docs/decisions.md#telemetry-stream) plus,
+over SSH, one exec on the already open connection; the memory stream itself never respawns. A confirm-free
+sampler may set ``apps_interval_s`` to its period: queries never overlap, so the list then refreshes as fast as it can.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """nvidia-smi CSV: the query argv, line parsers that never raise, and failure classification.
 
-Everything here is pure (no I/O), so it is tested on the real outputs quoted in research/gpu_telemetry.md.
+Everything here is pure (no I/O), so it is tested on the real outputs shown in docs/gpus.md.
 
 Public API:
 
@@ -12,13 +12,13 @@ Public API:
 - ``parse_value(raw) -> (number | None, reason | None)``: one cell; missing tokens become None + reason.
 - ``classify_smi_failure(returncode, stdout, stderr) -> TelemetryError | None``
 
-Parsing rules (research §10): lines are split on "," with a maxsplit of len(fields) - 1 and each cell is
-stripped (a trailing "\\r" too). A line whose field count is wrong, or whose ``index``/``pid`` is not a
-number, is skipped and counted (Xid and infoROM warnings interleaved in loop mode, failure messages,
-anything else). Blank lines and the CSV header line (``index, uuid, memory.used [MiB], ...``, printed once
-when ``noheader`` is missing) are skipped without being counted. Any cell that matches ``[...]`` or is one of
-``N/A``, ``ERR!``, ``Not Supported`` (case-insensitive) is None with the cell text as the reason, never 0.
-Units that slipped in despite ``nounits`` (`` MiB``, `` MB``, `` %``, `` W``, `` MHz``, `` C``) are tolerated.
+Parsing rules (docs/gpus.md#queries-tunedash-runs): lines are split on "," with a maxsplit of len(fields) - 1
+and each cell is stripped (a trailing "\\r" too). A line whose field count is wrong, or whose ``index``/``pid``
+is not a number, is skipped and counted (Xid and infoROM warnings interleaved in loop mode, failure messages,
+anything else). Blank lines and the CSV header line (``index, uuid, memory.used [MiB], ...``, printed once when
+``noheader`` is missing) are skipped without being counted. Any cell that matches ``[...]`` or is one of
+``N/A``, ``ERR!``, ``Not Supported`` (case-insensitive) is None with the cell text as the reason, never 0. Units
+that slipped in despite ``nounits`` (`` MiB``, `` MB``, `` %``, `` W``, `` MHz``, `` C``) are tolerated.
 """
 
 from __future__ import annotations
@@ -364,9 +364,9 @@ def _message_lines(stdout: str, stderr: str) -> str:
 def classify_smi_failure(returncode: int | None, stdout: str, stderr: str) -> TelemetryError | None:
     """A TelemetryError for a failed or warning nvidia-smi run, or None when it simply worked.
 
-    Message substring first (research §5; bracketed cell values such as "[GPU is lost]" are not messages),
-    exit code second. rc 0 with no known message is success. Note that rows can still be valid alongside
-    an error (rc 14 infoROM warning, rc 15 with one GPU lost): callers keep both.
+    Message substring first, exit code second (docs/gpus.md#exit-codes-and-failure-messages); bracketed cell
+    values such as "[GPU is lost]" are not messages. rc 0 with no known message is success. Note that rows
+    can still be valid alongside an error (rc 14 infoROM warning, rc 15 with one GPU lost): callers keep both.
     """
     message = _message_lines(stdout, stderr)
     haystack = _normalise(stdout + "\n" + stderr)

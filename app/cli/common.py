@@ -1,0 +1,134 @@
+"""What every command shares: exit codes (the one place errors become codes), profile loading, printing, hosts.
+
+Exit codes, the same condition the same code in every command (README "Exit codes"):
+0 done; 1 the GPUs could not be read; 2 bad input (profile, flag, file, arm, run id) or a server state that
+forbids the command (already running, nothing running); 3 the GPUs stay held; 4 the server failed to start
+(crashed, not ready in time, port taken) or a measurement finished no request; 130 interrupted (Ctrl-C);
+141 the reader of stdout went away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from app.connect import host_for
+from app.core.data import ServerState
+from app.core.errors import Reason, TunedashError
+from app.core.hosts.base import Host, HostError
+from app.core.profiles.loading import apply_overrides, resolve_profile
+from app.core.profiles.types import Profile, ProfileError
+from app.core.server.events import ActionLogged, LifecycleEvent, StateChanged
+from app.core.server.lifecycle import ServerLifecycle
+from app.core.telemetry.smi import telemetry_for
+
+EXIT_OK = 0
+EXIT_UNREADABLE = 1
+EXIT_BAD_INPUT = 2
+EXIT_GPUS_HELD = 3
+EXIT_START_FAILED = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+EXIT_FOR_REASON: dict[Reason, int] = {
+    Reason.BAD_INPUT: EXIT_BAD_INPUT,
+    Reason.ALREADY_RUNNING: EXIT_BAD_INPUT,
+    Reason.NOT_RUNNING: EXIT_BAD_INPUT,
+    Reason.GPUS_UNREADABLE: EXIT_UNREADABLE,
+    Reason.GPUS_HELD: EXIT_GPUS_HELD,
+    Reason.PORT_IN_USE: EXIT_START_FAILED,
+    Reason.START_FAILED: EXIT_START_FAILED,
+    Reason.NO_TOKENS: EXIT_START_FAILED,
+}
+EXIT_FOR_STATE: dict[ServerState, int] = {ServerState.READY: EXIT_OK, ServerState.FREE: EXIT_OK,
+                                          ServerState.STOPPED: EXIT_OK, ServerState.STUCK: EXIT_GPUS_HELD}
+
+
+class CliError(TunedashError):
+    """A user-facing error raised by a command itself (bad option values, unknown run id, ...)."""
+
+    def __init__(self, message: str, reason: Reason = Reason.BAD_INPUT) -> None:
+        super().__init__(message, reason)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of an error that ends a command."""
+    if isinstance(exc, TunedashError):
+        return EXIT_FOR_REASON[exc.reason]
+    if isinstance(exc, (ProfileError, HostError)):
+        return EXIT_BAD_INPUT
+    raise exc
+
+
+def state_exit_code(state: ServerState) -> int:
+    """The exit code of a command that ends in a server state (a start that ended elsewhere than READY: 4)."""
+    return EXIT_FOR_STATE.get(state, EXIT_START_FAILED)
+
+
+def say(text: str) -> None:
+    """One line on stdout, flushed (progress lines reach a pipe as they happen)."""
+    print(text, flush=True)
+
+
+def load_profile(args: argparse.Namespace) -> Profile:
+    """The profile a command names, with its --set / --unset overrides (where the command has them)."""
+    profile = resolve_profile(args.profile)
+    sets = getattr(args, "set", None) or []
+    unsets = getattr(args, "unset", None) or []
+    if sets or unsets:
+        profile = apply_overrides(profile, sets, unsets)
+    return profile
+
+
+_opened: list[Host] = []
+
+
+def open_host(profile: Profile) -> Host:
+    """The profile's host; every host a command opens is closed when the command ends (run_command)."""
+    host = host_for(profile)
+    _opened.append(host)
+    return host
+
+
+async def run_command(command: Coroutine[Any, Any, int]) -> int:
+    """Run one async command, then close the hosts it opened (an SSH connection ends before the exit)."""
+    try:
+        return await command
+    finally:
+        while _opened:
+            with contextlib.suppress(Exception):
+                await _opened.pop().close()
+
+
+def narrator(json_mode: bool) -> Callable[[LifecycleEvent], None]:
+    """A lifecycle listener that prints states and actions with the seconds since the command began."""
+    started = time.monotonic()
+
+    def listener(event: LifecycleEvent) -> None:
+        if json_mode:
+            return
+        stamp = f"{time.monotonic() - started:6.1f}s"
+        if isinstance(event, StateChanged):
+            say(f"{stamp}  {event.state.value}")
+        elif isinstance(event, ActionLogged):
+            say(f"{stamp}  {event.text}")
+
+    return listener
+
+
+def lifecycle_for(profile: Profile, host: Host, args: argparse.Namespace) -> ServerLifecycle:
+    """The lifecycle a command drives, with its --grace and --timeout (0 means 0, not the default)."""
+    grace = getattr(args, "grace", None)
+    timeout = getattr(args, "timeout", None)
+    lifecycle = ServerLifecycle(
+        host,
+        profile,
+        telemetry_for(host, "smi", tuple(profile.gpus)),
+        grace_s=15.0 if grace is None else grace,
+        free_timeout_s=60.0 if timeout is None else timeout,
+    )
+    lifecycle.subscribe(narrator(getattr(args, "json", False)))
+    return lifecycle

@@ -1,0 +1,112 @@
+"""What a server lifecycle publishes: its events (for listeners) and its frozen view (for readers).
+
+ServerLifecycle (app.core.server.lifecycle) emits these; the Session, the CLI's narrator, an Experiment and
+the TUI consume them. Plain data: no I/O here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.core.data import (
+    ConnectionState,
+    DecodeStats,
+    EventLevel,
+    FatalEvent,
+    Holder,
+    LogEvent,
+    Notice,
+    ServerState,
+)
+from app.core.hosts.base import ConnectionChanged
+from app.core.profiles.types import Profile
+from app.core.server import jobs
+from app.core.server.release import FreeProgress
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    state: ServerState
+    previous: ServerState
+    at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class ActionLogged:
+    """A line for the event log: an action or an outcome ("SIGTERM to group 48921")."""
+
+    text: str
+    level: EventLevel = "info"
+    at: float = field(default_factory=time.time)
+
+
+CONNECTION_LEVELS: dict[ConnectionState, EventLevel] = {
+    "connected": "info", "lost": "warning", "reconnecting": "warning", "failed": "error"}
+"""How a remote host's connection change reads in the event log."""
+
+
+@dataclass(frozen=True)
+class ServerLogEvent:
+    event: LogEvent
+    replayed: bool = False  # read from the log as it was when tunedash re-attached (old news, not live)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launch started a server and its job record is written (the log to follow is record.log_path)."""
+
+    record: jobs.JobRecord
+    profile: Profile
+
+
+# ConnectionChanged (app.core.hosts.base): a remote host's connection was lost / is back / failed.
+LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged | Launched
+
+
+@dataclass(frozen=True)
+class LifecycleView:
+    """A frozen copy of what a lifecycle knows now: what a screen or an experiment reads, never the live object."""
+
+    state: ServerState
+    since: float  # time.time() when the state began
+    record: jobs.JobRecord | None
+    profile: Profile
+    phase_times: dict[str, float]
+    notices: tuple[Notice, ...]
+    fatal: FatalEvent | None
+    last_lines: tuple[str, ...]
+    holders: tuple[Holder, ...]
+    health_ok: bool | None
+    last_decode: DecodeStats | None
+
+    @property
+    def live(self) -> bool:
+        """A server process runs (or is being killed): pid, pgid and uptime mean something."""
+        return self.state not in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED)
+
+    def crash_detail(self) -> str:
+        """The fatal event, or the last log lines when there is none."""
+        return self.fatal.text if self.fatal else "; ".join(self.last_lines[-3:])
+
+
+class Listeners:
+    """Who receives a publisher's LifecycleEvents: subscribe returns the function that unsubscribes."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[LifecycleEvent], None]] = []
+
+    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
+        """Receive every event from now on; call the returned function to stop."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def emit(self, event: LifecycleEvent) -> None:
+        for listener in list(self._listeners):  # a listener may unsubscribe while it runs
+            listener(event)

@@ -1,0 +1,58 @@
+"""Plain helpers shared by the tests: a free port, a demo-like simulated profile, and killing what it launched."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+MakeProfile = Callable[..., Path]
+"""The `make_profile` fixture (tests/conftest.py): keyword arguments of `sim_profile_text`, returns the file."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sim_profile_text(
+    *,
+    name: str,
+    port: int,
+    sim_state: Path,
+    startup_s: float = 0.6,
+    fault: str = "",
+    steps: int = 1,
+    decode_log_interval: int = 40,
+    extra: str = "",
+) -> str:
+    """A demo-like SGLang profile on the simulated host: 2 GPUs, NEXTN with `steps` speculative steps.
+
+    `extra` goes before the [flags] table: top-level keys, or whole tables such as [bench].
+    """
+    env = {"TUNEDASH_SIM_STARTUP_S": str(startup_s)}
+    if fault:
+        env["TUNEDASH_SIM_FAULT"] = fault
+    env_toml = ", ".join(f'{key} = "{value}"' for key, value in env.items())
+    return (
+        f'name = "{name}"\nhost = "sim"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\n'
+        f'port = {port}\ngpus = [0, 1]\nsim_state = "{sim_state}"\nenv = {{ {env_toml} }}\n{extra}\n'
+        '[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = "NEXTN"\n'
+        f"speculative-num-steps = {steps}\nspeculative-eagle-topk = 1\n"
+        f"speculative-num-draft-tokens = {steps + 1}\ndecode-log-interval = {decode_log_interval}\n"
+    )
+
+
+def kill_launched(sim_state: Path) -> None:
+    """SIGKILL every process group the simulated host's job records name (what a test launched)."""
+    jobs_dir = sim_state / "host" / "jobs"
+    for record_file in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
+        try:
+            os.killpg(json.loads(record_file.read_text())["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, KeyError, ValueError):
+            pass
