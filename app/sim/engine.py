@@ -1,4 +1,8 @@
-"""The simulated server's decode loop: requests, continuous batching at the speed model's pace, Decode lines."""
+"""The simulated server's decode loop: requests, continuous batching at the speed model's pace, Decode lines.
+
+The Prefill and Decode lines have the shape of the release spoken (scheduler_components/metrics_reporter.py
+of 0.5.23 adds `#pending-token` to the Prefill line); hybrid (mamba) models log `#full token`/`mamba usage`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.sim.resolved import Running
 from app.sim.simlog import log
 from app.sim.speed import SpeedModel
 
@@ -49,8 +54,10 @@ class EngineStats:
 class Engine:
     """Continuous batching over SimRequests; prints Prefill/Decode lines with the TP0 prefix."""
 
-    def __init__(self, args: dict[str, Any], speed: SpeedModel, max_total_tokens: int, busy_file: str | None) -> None:
+    def __init__(self, args: dict[str, Any], running: Running, speed: SpeedModel, max_total_tokens: int,
+                 busy_file: str | None) -> None:
         self.args = args
+        self.setup = running  # what runs (graphs, overlap, mamba), not the running requests
         self.speed = speed
         self.max_total_tokens = max(max_total_tokens, 1)
         self.busy_file = busy_file
@@ -60,7 +67,7 @@ class Engine:
         self.stats = EngineStats()
         self.wake = asyncio.Event()
         self.spec = bool(args.get("speculative_algorithm"))
-        self.hybrid = bool(args.get("_mamba"))
+        self.hybrid = running.mamba
         self._word = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -102,7 +109,7 @@ class Engine:
         usage = used / self.max_total_tokens
         if self.hybrid:
             mamba = len(self.running)
-            cap = max(int(self.args.get("_max_mamba_cache_size", 256)), 1)
+            cap = max(self.setup.max_mamba_cache_size, 1)
             return (f"#full token: {used}, full token usage: {usage:.2f}, mamba num: {mamba}, "
                     f"mamba usage: {mamba / cap:.2f}, ")
         return f"#token: {used}, token usage: {usage:.2f}, "
@@ -111,7 +118,7 @@ class Engine:
         used = sum(r.prompt_tokens + r.generated for r in self.running)
         usage = used / self.max_total_tokens
         if self.hybrid:
-            cap = max(int(self.args.get("_max_mamba_cache_size", 256)), 1)
+            cap = max(self.setup.max_mamba_cache_size, 1)
             return f"full token usage: {usage:.2f}, mamba usage: {len(self.running) / cap:.2f}, "
         return f"token usage: {usage:.2f}, "
 
@@ -126,11 +133,12 @@ class Engine:
         secs = (p["prefill_base_ms"] + p["prefill_ms_per_token"] * tokens) / 1000
         await asyncio.sleep(secs)
         self.running.extend(new)
-        graph = "True" if self.args.get("enable_piecewise_cuda_graph") else "False"
+        graph = "True" if self.setup.prefill_graph else "False"
+        pending = "#pending-token: 0, " if self.setup.version == "0.5.23" else ""
         log(
             f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
             f"{self._usage_ratios()}"
-            f"#running-req: {len(self.running) - len(new)}, #queue-req: {len(self.waiting)}, "
+            f"#running-req: {len(self.running) - len(new)}, #queue-req: {len(self.waiting)}, {pending}"
             f"cuda graph: {graph}, input throughput (token/s): {tokens / secs:.2f}",
             self.prefix,
         )

@@ -20,6 +20,8 @@ Environment variables of the simulated host (read by app.sim.*):
                              tests use ~0.3); host.json "startup_s" is used when the variable is unset
     TUNEDASH_SIM_FAULT       server fault knobs, comma-separated: crash_loading, oom_capture, never_release
     TUNEDASH_SIM_SPEED_FILE  a TOML file overriding keys of app/sim/speed_model.toml
+    TUNEDASH_SIM_SGLANG_VERSION  the SGLang release the simulated server speaks: 0.5.10 (default) or 0.5.23
+                             (app.sim.versions; app.connect sets it from a profile's sim_version)
 """
 
 from __future__ import annotations

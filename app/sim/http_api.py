@@ -1,4 +1,9 @@
-"""HTTP routes of the simulated SGLang server (aiohttp): health, server info, OpenAI streaming, metrics."""
+"""HTTP routes of the simulated SGLang server (aiohttp): health, server info, OpenAI streaming, metrics.
+
+/get_server_info reports the resolved args under the release's real field names (what runs after its rules:
+0.5.10 `disable_piecewise_cuda_graph`, 0.5.23 `cuda_graph_backend_prefill`, `disable_overlap_schedule`, ...)
+and `version`, the release spoken.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from app.sim.engine import SimRequest
-from app.sim.server_args import SIM_VERSION
 from app.sim.simlog import log
 
 if TYPE_CHECKING:
@@ -58,7 +62,7 @@ async def server_info(request: web.Request) -> web.Response:
         "weight": round(srv.model["weights_gib"] / tp, 2),
         "kvcache": round(srv.max_total_tokens * srv.model["kv_kib_per_token"] / tp / 1024 / 1024, 2),
         "token_capacity": srv.max_total_tokens,
-        "graph": 0.0 if srv.args["disable_cuda_graph"] else 0.66,
+        "graph": 0.66 if srv.running.decode_graph else 0.0,
     }
     accept = eng.avg_spec_accept_length() if eng else None
     if accept is not None:
@@ -69,7 +73,7 @@ async def server_info(request: web.Request) -> web.Response:
         "max_total_num_tokens": srv.max_total_tokens,
         "max_req_input_len": srv.args["context_length"] - 1,
         "internal_states": [state],
-        "version": SIM_VERSION,
+        "version": srv.running.version,
     })
     return web.json_response(info)
 
@@ -195,7 +199,7 @@ def _gauge_lines(srv: SimServer) -> str:
         "num_running_reqs": st.running, "num_used_tokens": st.used_tokens,
         "token_usage": st.used_tokens / max(srv.max_total_tokens, 1), "gen_throughput": st.last_gen_throughput,
         "num_queue_reqs": st.queued, "cache_hit_rate": 0.0, "spec_accept_length": eng.avg_spec_accept_length() or 0.0,
-        "max_total_num_tokens": srv.max_total_tokens, "is_cuda_graph": 0.0 if srv.args["disable_cuda_graph"] else 1.0,
+        "max_total_num_tokens": srv.max_total_tokens, "is_cuda_graph": 1.0 if srv.running.decode_graph else 0.0,
     }
     out = []
     for name, value in gauges.items():

@@ -1,5 +1,8 @@
 """One simulated SGLang child process: a TP-rank scheduler holding GPU memory in phases, or the detokenizer.
 
+The startup lines follow the release spoken (config "running"): 0.5.10's here, 0.5.23's in
+app.sim.startup_0523.
+
 Started by app.sim.sglang as `python -m app.sim.rank '<json config>'` with a status pipe fd; it stays in the
 launcher's process group (never setsid) and sets no PDEATHSIG, so when the main process is SIGKILLed alone
 the ranks are orphaned and keep their memory, like real SGLang schedulers reparented to PID 1.
@@ -18,7 +21,8 @@ import time
 from typing import Any
 
 from app.sim import gpu_state
-from app.sim.simlog import log, raw
+from app.sim.simlog import log, raw, stamp
+from app.sim.tracebacks import capture_oom_traceback, crash_loading_traceback, oom_traceback
 
 GIB = 1024.0
 CONTEXT_MIB = 514
@@ -38,11 +42,16 @@ class Rank:
 
     def __init__(self, cfg: dict[str, Any], status_fd: int) -> None:
         self.cfg = cfg
+        self.args: dict[str, Any] = cfg["args"]
+        self.model: dict[str, Any] = cfg["model"]
+        self.phases: dict[str, float] = cfg["phases"]
+        self.running: dict[str, Any] = cfg["running"]  # app.sim.resolved.Running, as a dict
         self.status_fd = status_fd
         self.state = cfg["state_dir"]
         self.gpu = int(cfg["gpu"])
         self.tp_rank = int(cfg["tp_rank"])
-        self.prefix = f" TP{self.tp_rank}" if cfg["tp_size"] > 1 else ""
+        self.tp = int(cfg["tp_size"])
+        self.prefix = f" TP{self.tp_rank}" if self.tp > 1 else ""
         self.name = cfg["name"]
         self.faults: list[str] = cfg.get("faults", [])
         self.total_mib = int(cfg["gpu_total_mib"])
@@ -67,88 +76,123 @@ class Rank:
         self.status("failed")
         sys.exit(1)
 
-    def run(self) -> None:
-        cfg, args, model = self.cfg, self.cfg["args"], self.cfg["model"]
-        phases = cfg["phases"]
-        tp = args["tp_size"]
-        self.say("Init torch distributed begin.")
-        time.sleep(phases["init"])
+    @property
+    def spec_graphs(self) -> bool:
+        """EAGLE-type speculation: a draft model with graphs of its own."""
+        algo = self.args["speculative_algorithm"]
+        return bool(algo) and algo != "NGRAM"
+
+    # ------------------------------------------------------------------ phases both releases share
+    def init_context(self) -> float:
+        """The CUDA context and NCCL set-up; the GB it took."""
+        time.sleep(self.phases["init"])
         before = self.avail_gb()
         self.hold(CONTEXT_MIB, "context")
-        used = before - self.avail_gb()
-        self.say(f"Init torch distributed ends. elapsed={phases['init']:.2f} s, mem usage={used:.2f} GB")
+        return before - self.avail_gb()
 
-        # Weights, in a few chunks so a sampler sees them grow.
-        weights_mib = model["weights_gib"] * GIB / tp
+    def load_weights(self, weights_mib: float, seconds: float, architecture: str, dtype_part: str) -> None:
+        """`Load weight begin/end`, holding the weights in a few chunks so a sampler sees them grow."""
         start_avail = self.avail_gb()
         self.say(f"Load weight begin. avail mem={start_avail:.2f} GB")
         chunks = 4
         t0 = time.time()
         for i in range(chunks):
-            time.sleep(phases["weights"] / chunks)
+            time.sleep(seconds / chunks)
             if i == 1 and "crash_loading" in self.faults and self.tp_rank == 0:
-                self.fail(crash_loading_traceback(self.prefix, cfg["model_path"]))
+                self.fail(crash_loading_traceback(self.prefix, self.cfg["model_path"]))
             try:
                 self.hold(weights_mib / chunks, "weights")
             except gpu_state.OutOfMemory as exc:
                 self.fail(oom_traceback(self.prefix, exc, weights_mib / chunks, "load"))
         end_avail = self.avail_gb()
         self.say(
-            f"Load weight end. elapsed={time.time() - t0:.2f} s, type={model['architecture']}, "
-            f"dtype=torch.{model['dtype']}, avail mem={end_avail:.2f} GB, mem usage={start_avail - end_avail:.2f} GB."
+            f"Load weight end. elapsed={time.time() - t0:.2f} s, type={architecture}, "
+            f"{dtype_part}avail mem={end_avail:.2f} GB, mem usage={start_avail - end_avail:.2f} GB."
         )
 
-        # Memory pool: mem_fraction_static x total covers weights + KV (+ mamba state).
-        time.sleep(phases["kv"])
-        pool_mib = args["mem_fraction_static"] * self.total_mib - weights_mib - CONTEXT_MIB
-        mamba_mib = model.get("mamba_cache_gib", 0) * GIB
+    def allocate_pool(self, weights_mib: float) -> tuple[float, float, int]:
+        """Hold the KV cache and mamba state (mem_fraction_static x total covers them and the weights):
+        (kv MiB, mamba MiB, token capacity)."""
+        time.sleep(self.phases["kv"])
+        pool_mib = self.args["mem_fraction_static"] * self.total_mib - weights_mib - CONTEXT_MIB
+        mamba_mib = self.model.get("mamba_cache_gib", 0) * GIB
         kv_mib = pool_mib - mamba_mib
         if kv_mib <= 256:
-            self.fail([f"[{_ts()}{self.prefix}] Scheduler hit an exception: Traceback (most recent call last):\n",
+            self.fail([f"[{stamp()}{self.prefix}] Scheduler hit an exception: Traceback (most recent call last):\n",
                        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"])
-        tokens = int(kv_mib * 1024 / (model["kv_kib_per_token"] / tp))
-        self.say(f"Using KV cache dtype: torch.{model['dtype']}")
-        self.say(f"The available memory for KV cache is {kv_mib / GIB:.2f} GB.")
+        tokens = int(kv_mib * 1024 / (self.model["kv_kib_per_token"] / self.tp))
+        return kv_mib, mamba_mib, tokens
+
+    def hold_pool(self, kv_mib: float, mamba_mib: float) -> None:
         try:
             self.hold(kv_mib, "kv_cache")
             if mamba_mib:
                 self.hold(mamba_mib, "mamba_cache")
         except gpu_state.OutOfMemory as exc:
             self.fail(oom_traceback(self.prefix, exc, kv_mib, "pool"))
+
+    def mamba_line(self, mamba_mib: float, extra: str = "") -> str:
+        conv = mamba_mib / GIB * 0.04
+        return (f"Mamba Cache is allocated. max_mamba_cache_size: {self.model['max_mamba_cache_size']}, "
+                f"conv_state size: {conv:.2f}GB, ssm_state size: {mamba_mib / GIB - conv:.2f}GB {extra}")
+
+    def capacity_line(self, tokens: int) -> None:
+        """Rank 0's summary before the scheduler serves."""
+        if self.tp_rank == 0:
+            self.say(
+                f"max_total_num_tokens={tokens}, chunked_prefill_size={self.args['chunked_prefill_size']}, "
+                f"max_prefill_tokens=16384, max_running_requests={self.args['max_running_requests']}, "
+                f"context_len={self.args['context_length']}, available_gpu_mem={self.avail_gb():.2f} GB"
+            )
+
+    def run(self) -> None:
+        if self.running["version"] == "0.5.23":
+            from app.sim import startup_0523
+
+            tokens = startup_0523.start(self)
+        else:
+            tokens = self.start_0510()
+        self.capacity_line(tokens)
+        self.status(f"ready {tokens}")
+
+    # ------------------------------------------------------------------ 0.5.10
+    def start_0510(self) -> int:
+        """0.5.10's startup lines: torch.distributed, weights, KV cache, graphs. The token capacity."""
+        self.say("Init torch distributed begin.")
+        used = self.init_context()
+        self.say(f"Init torch distributed ends. elapsed={self.phases['init']:.2f} s, mem usage={used:.2f} GB")
+        weights_mib = self.model["weights_gib"] * GIB / self.tp
+        self.load_weights(weights_mib, self.phases["weights"], self.model["architecture"],
+                          f"dtype=torch.{self.model['dtype']}, ")
+        kv_mib, mamba_mib, tokens = self.allocate_pool(weights_mib)
+        self.say(f"Using KV cache dtype: torch.{self.model['dtype']}")
+        self.say(f"The available memory for KV cache is {kv_mib / GIB:.2f} GB.")
+        self.hold_pool(kv_mib, mamba_mib)
         half = kv_mib / GIB / 2
         self.say(f"KV Cache is allocated. #tokens: {tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB")
         if mamba_mib:
-            conv = mamba_mib / GIB * 0.04
-            self.say(
-                f"Mamba Cache is allocated. max_mamba_cache_size: {model['max_mamba_cache_size']}, "
-                f"conv_state size: {conv:.2f}GB, ssm_state size: {mamba_mib / GIB - conv:.2f}GB "
-            )
+            self.say(self.mamba_line(mamba_mib))
         self.say(f"Memory pool end. avail mem={self.avail_gb():.2f} GB")
 
-        if not args["disable_cuda_graph"]:
-            self.capture("cuda", phases["graph"], 620 + 20 * args["cuda_graph_max_bs"] // 8, args)
-        if args["speculative_algorithm"] and args["speculative_algorithm"] != "NGRAM":
-            self.capture("draft cuda", phases["draft_graph"] / 2, 180, args)
-            self.capture("draft extend cuda", phases["draft_graph"] / 2, 120, args)
-        if args["_user_disabled_pcg"]:
+        running = self.running
+        if running["decode_graph"]:
+            self.capture("cuda", self.phases["graph"], 620 + 20 * running["graph_max_bs"] // 8)
+        if self.spec_graphs:
+            self.capture("draft cuda", self.phases["draft_graph"] / 2, 180)
+            self.capture("draft extend cuda", self.phases["draft_graph"] / 2, 120)
+        if running["prefill_graph_off_by_flag"]:
             self.say("Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set")
-        elif args["enable_piecewise_cuda_graph"]:
-            self.capture("piecewise CUDA", phases["piecewise"], 410, args)
+        elif running["prefill_graph"]:
+            self.capture("piecewise CUDA", self.phases["piecewise"], 410)
+        return tokens
 
-        if self.tp_rank == 0:
-            self.say(
-                f"max_total_num_tokens={tokens}, chunked_prefill_size={args['chunked_prefill_size']}, "
-                f"max_prefill_tokens=16384, max_running_requests={args['max_running_requests']}, "
-                f"context_len={args['context_length']}, available_gpu_mem={self.avail_gb():.2f} GB"
-            )
-        self.status(f"ready {tokens}")
-
-    def capture(self, kind: str, seconds: float, mib: int, args: dict[str, Any]) -> None:
+    def capture(self, kind: str, seconds: float, mib: int) -> None:
+        """One 0.5.10 capture: `Capture {kind} graph begin. ...` / `... end. Time elapsed: ...`."""
         before = self.avail_gb()
         t0 = time.time()
         if kind == "piecewise CUDA":
             self.say(f"Capture piecewise CUDA graph begin. avail mem={before:.2f} GB")
-            limit = args["piecewise_cuda_graph_max_tokens"]
+            limit = self.running["prefill_graph_max_tokens"]
             sizes = [n for n in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if n <= limit]
             self.say(f"Capture cuda graph num tokens {sizes}")
             self.say(f"Compiling a graph for dynamic shape takes {seconds * 0.4:.2f} s")
@@ -156,7 +200,7 @@ class Rank:
             self.say(f"Capture {kind} graph begin. This can take up to several minutes. avail mem={before:.2f} GB")
             if kind == "cuda":
                 bs = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 96, 128, 160, 192, 224, 256, 512)
-                      if b <= args["cuda_graph_max_bs"]]
+                      if b <= self.running["graph_max_bs"]]
                 self.say(f"Capture cuda graph bs {bs}")
         time.sleep(seconds)
         if kind == "cuda" and "oom_capture" in self.faults:
@@ -171,67 +215,6 @@ class Rank:
             f"Capture {kind} graph end. Time elapsed: {time.time() - t0:.2f} s. mem usage={before - after:.2f} GB. "
             f"avail mem={after:.2f} GB."
         )
-
-
-def _ts() -> str:
-    from app.sim.simlog import stamp
-
-    return stamp()
-
-
-def crash_loading_traceback(prefix: str, model_path: str) -> list[str]:
-    shard = "model-00004-of-00011.safetensors"
-    return [
-        f"[{_ts()}{prefix}] Scheduler hit an exception: Traceback (most recent call last):\n",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 2996, '
-        "in run_scheduler_process\n",
-        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)\n",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_loader/loader.py", line 455, '
-        "in load_weights_and_postprocess\n",
-        "    model.load_weights(weights)\n",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_loader/weight_utils.py", line 661, '
-        "in safetensors_weights_iterator\n",
-        "    with safe_open(st_file, framework=\"pt\") as f:\n",
-        "safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer\n",
-        f"(while loading {model_path}/{shard})\n",
-    ]
-
-
-def oom_traceback(prefix: str, exc: gpu_state.OutOfMemory, want_mib: float, where: str) -> list[str]:
-    gpu = exc.gpu
-    return [
-        f"[{_ts()}{prefix}] Scheduler hit an exception: Traceback (most recent call last):\n",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 2996, '
-        "in run_scheduler_process\n",
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {want_mib / GIB:.2f} GiB. "
-        f"GPU {gpu.index} has a total capacity of {gpu.memory_total_mib / GIB:.2f} GiB of which "
-        f"{max(exc.free_mib, 0):.2f} MiB is free. Of the allocated memory {where} ...\n",
-    ]
-
-
-def capture_oom_traceback(prefix: str, free_mib: int, total_mib: int) -> list[str]:
-    want = 1.53
-    oom = (
-        f"CUDA out of memory. Tried to allocate {want:.2f} GiB. GPU 0 has a total capacity of "
-        f"{total_mib / GIB:.2f} GiB of which {min(free_mib, 300):.2f} MiB is free."
-    )
-    return [
-        f"[{_ts()}{prefix}] Scheduler hit an exception: Traceback (most recent call last):\n",
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/cuda_graph_runner.py", '
-        "line 412, in __init__\n",
-        "    self.capture()\n",
-        f"torch.OutOfMemoryError: {oom}\n",
-        "\n",
-        "During handling of the above exception, another exception occurred:\n",
-        "\n",
-        "Traceback (most recent call last):\n",
-        f"Exception: Capture cuda graph failed: {oom}\n",
-        "Possible solutions:\n",
-        "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n",
-        "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n",
-        "3. disable torch compile by not using --enable-torch-compile\n",
-        "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n",
-    ]
 
 
 def idle_forever(parent: int) -> None:

@@ -1,5 +1,10 @@
 """The simulated SGLang server: `python -m app.sim.sglang --model-path sim/qwen3.6-27b --tp-size 2 ...`.
 
+It speaks one SGLang release (app.sim.versions: 0.5.10, the default, or 0.5.23): that release's real flags
+(anything else exits 2 with argparse's real message; `--help` prints the release's real help text), its
+rules (app.sim.rules_0510, app.sim.rules_0523), its startup and decode lines, and its `version` in
+/get_server_info. `__version__` is that release, as `sglang.__version__` is for the real package.
+
 Process tree like SGLang's: this main process (tokenizer manager + HTTP) starts `sglang::detokenizer` and
 one `sglang::scheduler_TP<n>` per tensor-parallel rank (app/sim/rank.py), all in the launcher's process
 group. The ranks hold simulated GPU memory (app/sim/gpu_state.py) in phases; logs go to stdout/stderr in
@@ -9,11 +14,13 @@ SGLang's format. HTTP (aiohttp): /health, /health_generate, /get_server_info (+ 
 
 Environment:
     TUNEDASH_SIM_STATE      state folder of the simulated host (default: host_env.default_state_dir())
+    TUNEDASH_SIM_SGLANG_VERSION  the release spoken: 0.5.10 (default) or 0.5.23
     TUNEDASH_SIM_STARTUP_S  total startup time in seconds (default: host.json "startup_s", else 6.0)
     TUNEDASH_SIM_FAULT      comma-separated faults: crash_loading (rank 0 dies while loading weights with a
                             traceback), oom_capture (CUDA OOM at CUDA graph capture), never_release (the
                             ranks' allocation records are flagged leaked: kept after the ranks die)
-    SGLANG_ENABLE_SPEC_V2   as in SGLang 0.5.10 (default False: overlap scheduler off with EAGLE)
+    SGLANG_ENABLE_SPEC_V2   as in SGLang 0.5.10 (default False: overlap scheduler off with EAGLE); 0.5.23
+                            has no spec v1 (overlap on with EAGLE unless --disable-overlap-schedule)
 An unknown --model-path fails like SGLang (OSError from the config loader, exit 1); models.toml lists the
 known ones. "Address already in use" is real: the port is bound after loading, like uvicorn does.
 SIGTERM: log, drain (503 on /health) until no request is in flight (max 5 s), SIGKILL the children, exit 0.
@@ -28,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +43,13 @@ from app.sim import gpu_state
 from app.sim.engine import Engine
 from app.sim.host_env import FAULT_ENV, STARTUP_ENV, init_state
 from app.sim.http_api import build_app
+from app.sim.resolved import Resolved, Running
 from app.sim.server_args import load_models, parse, resolve, server_args_repr
 from app.sim.simlog import log, raw
 from app.sim.speed import SpeedConfig, SpeedModel
+from app.sim.versions import UnknownVersion, current_version, version_from_env
+
+__version__ = version_from_env()
 
 DEFAULT_STARTUP_S = 6.0
 PHASE_SHARES = {"pre": 0.03, "init": 0.05, "weights": 0.45, "kv": 0.08, "graph": 0.17, "draft_graph": 0.06,
@@ -51,9 +63,10 @@ def uvicorn(level: str, msg: str) -> None:
 class SimServer:
     """The main process: children, HTTP, engine, signals."""
 
-    def __init__(self, args: dict[str, Any], model: dict[str, Any], state_dir: Path, startup_s: float,
+    def __init__(self, resolved: Resolved, model: dict[str, Any], state_dir: Path, startup_s: float,
                  faults: list[str]) -> None:
-        self.args = args
+        self.args = resolved.args
+        self.running: Running = resolved.running
         self.model = model
         self.state_dir = state_dir
         self.phases = {k: v * startup_s for k, v in PHASE_SHARES.items()}
@@ -68,7 +81,8 @@ class SimServer:
     # ------------------------------------------------------------------ children
     def spawn(self, role: str, name: str, tp_rank: int, gpu: int, status_w: int, total_mib: int) -> None:
         cfg = {"role": role, "name": name, "tp_rank": tp_rank, "tp_size": self.args["tp_size"], "gpu": gpu,
-               "state_dir": str(self.state_dir), "args": self.args, "model": self.model, "phases": self.phases,
+               "state_dir": str(self.state_dir), "args": self.args, "running": asdict(self.running),
+               "model": self.model, "phases": self.phases,
                "faults": self.faults, "model_path": self.args["model_path"], "gpu_total_mib": total_mib}
         proc = subprocess.Popen([sys.executable, "-m", "app.sim.rank", json.dumps(cfg), str(status_w)],
                                 pass_fds=(status_w,), stdin=subprocess.DEVNULL)
@@ -162,10 +176,10 @@ class SimServer:
                 return 0
             log("Received sigquit from a child process. It usually means the child failed.")
             self.die_with_children()
-        speed = SpeedModel(speed_config(self.args, self.model))
+        speed = SpeedModel(speed_config(Resolved(self.args, self.running), self.model))
         state = os.environ.get("TUNEDASH_SIM_STATE")
         busy = os.path.join(state, "busy") if state else None
-        self.engine = Engine(self.args, speed, self.max_total_tokens, busy)
+        self.engine = Engine(self.args, self.running, speed, self.max_total_tokens, busy)
         self.engine.start()
         from aiohttp import web
 
@@ -208,7 +222,9 @@ class SimServer:
         return self.exit_code
 
 
-def speed_config(args: dict[str, Any], model: dict[str, Any]) -> SpeedConfig:
+def speed_config(resolved: Resolved, model: dict[str, Any]) -> SpeedConfig:
+    """What the speed model looks at: the same words for every release (Running), plus the speculation."""
+    args, running = resolved.args, resolved.running
     return SpeedConfig(
         weights_gib=float(model["weights_gib"]),
         tp_size=int(args["tp_size"]),
@@ -216,12 +232,12 @@ def speed_config(args: dict[str, Any], model: dict[str, Any]) -> SpeedConfig:
         spec_steps=int(args["speculative_num_steps"] or 0),
         spec_topk=int(args["speculative_eagle_topk"] or 1),
         spec_draft_tokens=int(args["speculative_num_draft_tokens"] or 0),
-        cuda_graph=not args["disable_cuda_graph"],
-        cuda_graph_max_bs=int(args["cuda_graph_max_bs"]),
-        piecewise_cuda_graph=bool(args["enable_piecewise_cuda_graph"]),
-        single_batch_overlap=bool(args["enable_single_batch_overlap"]),
-        overlap_schedule=not args["disable_overlap_schedule"],
-        torch_compile=bool(args["enable_torch_compile"]),
+        cuda_graph=running.decode_graph,
+        cuda_graph_max_bs=running.graph_max_bs,
+        piecewise_cuda_graph=running.prefill_graph,
+        single_batch_overlap=running.single_batch_overlap,
+        overlap_schedule=running.overlap_schedule,
+        torch_compile=running.torch_compile,
     )
 
 
@@ -247,8 +263,23 @@ def unknown_model(path: str) -> int:
     return 1
 
 
+ENTRYPOINT_WARNING = (  # 0.5.23's sglang/launch_server.py, a warnings.warn under `if __name__ == "__main__":`
+    "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:71: UserWarning: 'python -m "
+    "sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n"
+    "  Example: sglang serve --model-path <model> [options]\n"
+    "  warnings.warn(\n"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        version = current_version()
+    except UnknownVersion as exc:
+        raw(f"tunedash simulated SGLang: {exc}\n")
+        return 2
+    if version == "0.5.23":
+        raw(ENTRYPOINT_WARNING)
+    ns = parse(sys.argv[1:] if argv is None else argv, version)
     from app.sim.host_env import default_state_dir
 
     state_dir = init_state(default_state_dir())
@@ -260,16 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     config = gpu_state.read_host_config(state_dir)
     total = config.gpus[0].memory_total_mib if config.gpus else 0
     try:
-        args, msgs = resolve(ns, model, total)
-    except ValueError as exc:
-        raw(f"Traceback (most recent call last):\nValueError: {exc}\n")
+        resolved = resolve(ns, model, total, version)
+    except (ValueError, AssertionError) as exc:
+        raw(f"Traceback (most recent call last):\n{type(exc).__name__}: {exc}\n")
         return 1
-    args["_mamba"] = bool(model.get("mamba_cache_gib"))
-    args["_max_mamba_cache_size"] = model.get("max_mamba_cache_size", 0)
-    for msg in msgs:
+    for msg in resolved.msgs:
         log(msg)
-    log(f"server_args={server_args_repr(args)}")
-    server = SimServer(args, model, state_dir, startup_seconds(state_dir), faults)
+    log(f"server_args={server_args_repr(resolved.args)}")
+    server = SimServer(resolved, model, state_dir, startup_seconds(state_dir), faults)
     return asyncio.run(server.run())
 
 

@@ -85,8 +85,9 @@ class SpeedModel:
             f *= self.p["piecewise_overhead_factor"]
         if self.cfg.single_batch_overlap:
             f *= self.p["single_batch_overlap_overhead_factor"]
-        if self.cfg.overlap_schedule:
-            f *= self.p["overlap_schedule_overhead_factor"]
+        if self.cfg.overlap_schedule:  # with speculation (spec v2) the overlap hides less of the step
+            spec = "spec_" if self.cfg.spec_algorithm else ""
+            f *= self.p[f"{spec}overlap_schedule_overhead_factor"]
         return float(f)
 
     def mean_step_ms(self, batch: int = 1) -> float:

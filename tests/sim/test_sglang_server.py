@@ -248,7 +248,7 @@ def test_unknown_flag_and_unknown_model(sim_env: dict[str, str]) -> None:
     bad = subprocess.run([*base, "--model-path", "sim/qwen3.6-27b", "--bogus-flag"], env=sim_env,
                          capture_output=True, text=True, timeout=20, check=False)
     assert bad.returncode == 2
-    assert "launch_server.py: error: unrecognized arguments: --bogus-flag" in bad.stderr
+    assert "sglang serve: error: unrecognized arguments: --bogus-flag" in bad.stderr  # 0.5.10's own prog name
     unknown = subprocess.run([*base, "--model-path", "nobody/nothing"], env=sim_env, capture_output=True,
                              text=True, timeout=20, check=False)
     assert unknown.returncode == 1

@@ -13,9 +13,8 @@ DEMO = load_models()["sim/qwen3.6-27b"]
 
 
 def model(*flags: str) -> SpeedModel:
-    ns = parse(["--model-path", "sim/qwen3.6-27b", "--tp-size", "2", *flags])
-    args, _ = resolve(ns, DEMO, 49140)
-    return SpeedModel(speed_config(args, DEMO), P, seed=1)
+    ns = parse(["--model-path", "sim/qwen3.6-27b", "--tp-size", "2", *flags], "0.5.10")
+    return SpeedModel(speed_config(resolve(ns, DEMO, 49140, "0.5.10"), DEMO), P, seed=1)
 
 
 def test_calibration_of_the_demo_profile() -> None:
@@ -95,8 +94,9 @@ def test_speed_file_override(tmp_path: object, monkeypatch: pytest.MonkeyPatch) 
 
 def test_resolution_messages() -> None:
     ns = parse(["--model-path", "sim/qwen3.6-27b", "--speculative-algo", "NEXTN", "--speculative-num-steps", "2",
-                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"])
-    args, msgs = resolve(ns, DEMO, 49140)
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"], "0.5.10")
+    resolved = resolve(ns, DEMO, 49140, "0.5.10")
+    args, msgs = resolved.args, resolved.msgs
     assert args["speculative_algorithm"] == "EAGLE" and args["speculative_num_draft_tokens"] == 3
     adjusted = "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
     assert adjusted in msgs

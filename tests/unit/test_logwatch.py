@@ -14,6 +14,7 @@ from app.core.data import (
     Notice,
     Phase,
     PhaseEvent,
+    PrefillStats,
     ReadyEvent,
     SpecDecodeStats,
 )
@@ -348,7 +349,9 @@ def test_prefill_lines_are_not_decode_stats() -> None:
         "[2026-01-10 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
         "#running-req: 0, #queue-req: 0, cuda graph: False, input throughput (token/s): 0.00"
     )
-    assert one(line) == []
+    (prefill,) = one(line)  # a PrefillStats (tests/unit/test_logwatch_0523.py), never a DecodeStats
+    assert isinstance(prefill, PrefillStats)
+    assert (prefill.new_tokens, prefill.input_tps, prefill.cuda_graph) == (6, 0.0, False)
 
 
 # --- vLLM throughput and spec decoding --------------------------------------------------------------

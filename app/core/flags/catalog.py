@@ -41,10 +41,18 @@ class FlagSpec:
     versions: tuple[str, str] = ("", "")  # (since, until), see the module docstring
     aliases: tuple[str, ...] = ()  # other spellings, without dashes ("tp", "tensor-parallel-size")
     negatable: bool = False  # the parser also accepts --no-NAME (argparse BooleanOptionalAction)
+    replaced_by: str = ""  # what a newer release takes instead: "NAME" or "NAME=VALUE" (without dashes)
 
     @property
     def since(self) -> str:
         return self.versions[0]
+
+    def replacement(self) -> str:
+        """The newer release's spelling for people: "--cuda-graph-backend-prefill breakable", or ""."""
+        if not self.replaced_by:
+            return ""
+        name, _, value = self.replaced_by.partition("=")
+        return f"--{name} {value}".rstrip()
 
     @property
     def until(self) -> str:
@@ -113,10 +121,10 @@ SGLANG_FLAGS: tuple[FlagSpec, ...] = (
       "Opt in to piecewise CUDA graph (experimental); a no-op from 0.5.10 where it is on by default.",
       versions=("0.5.6", "0.5.9")),
     F("disable-piecewise-cuda-graph", "bool", False, "Turn off piecewise CUDA graph (on by default).",
-      versions=("0.5.10", "0.5.12")),
+      versions=("0.5.10", "0.5.12"), replaced_by="cuda-graph-backend-prefill=disabled"),
     F("enforce-piecewise-cuda-graph", "bool", False,
       "Keep piecewise CUDA graph on, skipping every auto-disable rule (speculation, VLM, ...).",
-      versions=("0.5.10", "0.5.12")),
+      versions=("0.5.10", "0.5.12"), replaced_by="cuda-graph-backend-prefill=breakable"),
     F("piecewise-cuda-graph-max-tokens", "int", None, "Largest token count captured piecewise.",
       versions=("0.5.6", "0.5.12")),
     F("piecewise-cuda-graph-tokens", "ints", None, "Explicit token counts captured piecewise.",
@@ -159,7 +167,7 @@ SGLANG_FLAGS: tuple[FlagSpec, ...] = (
     F("mamba-full-memory-ratio", "float", 0.9, "Memory ratio of mamba state to full-attention KV cache.",
       versions=("0.5.6", "")),
     F("mamba-scheduler-strategy", "choice", "auto", "Mamba radix-cache strategy (no_buffer disables overlap).",
-      choices=_MAMBA_STRATEGIES, versions=("0.5.10", "0.5.12")),
+      choices=_MAMBA_STRATEGIES, versions=("0.5.10", "0.5.12"), replaced_by="mamba-radix-cache-strategy"),
     F("mamba-radix-cache-strategy", "choice", "auto", "New name of --mamba-scheduler-strategy.",
       choices=_MAMBA_STRATEGIES, versions=("0.5.15.post1", "")),
     F("mamba-track-interval", "int", 256, "Tokens between tracked mamba states.", versions=("0.5.10", "")),
@@ -231,3 +239,16 @@ VLLM_FLAGS: tuple[FlagSpec, ...] = (
     F("cudagraph-capture-sizes", "ints", None, "Batch sizes captured in CUDA graphs."),
     F("max-cudagraph-capture-size", "int", None, "Largest batch size captured.", versions=("0.33.0", "")),
 )
+
+
+def release_tuple(version: str | None) -> tuple[int, ...] | None:
+    """ "0.5.15.post1" -> (0, 5, 15, 1), "0.5.23" -> (0, 5, 23), "0.32.0+cpu" -> (0, 32, 0); None when unreadable."""
+    if not version:
+        return None
+    parts: list[int] = []
+    for piece in version.split("+")[0].replace("post", "").replace("rc", ".").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None

@@ -13,9 +13,13 @@ exit at argument parsing. The server itself is the only authority, so we ask it 
    python, module, fingerprint), and in memory for this process. A later call with the same fingerprint
    reads the file and runs nothing but the fingerprint script.
 
-Only the backends in DISCOVERABLE_BACKENDS are asked (vLLM). SGLang's `--help` would work the same way,
-but the simulated SGLang host is used by many fast tests that should not pay for it; add "sglang" when a
-real SGLang install needs it.
+Both SGLang and vLLM are asked (DISCOVERABLE_BACKENDS): SGLang renamed and removed flags between 0.5.10 and
+0.5.23, so its toggles render the flags of the version found (app.core.flags.toggles). The version comes from
+the package metadata when the module belongs to the backend's own distribution (`sglang`, `vllm`: nothing
+imported); otherwise (the simulated server, `app.sim.sglang`) from the `__version__` of the package above the
+module (`app.sim`), which is what `python -c 'import sglang; print(sglang.__version__)'` prints for the real
+one. It is part of the cache key, so a new version (or a simulated host switched to another version) is asked
+again.
 
 A server that cannot be asked (python missing, the import fails, timeout) gives ServerFlags with
 `flags=None` and the reason: callers then fall back to the whole catalog and say so. Nothing raises.
@@ -35,15 +39,19 @@ from app.core.flags.catalog import FlagSpec, FlagValue
 from app.core.flags.values import catalog
 from app.core.hosts.base import Host, HostError
 
-DISCOVERABLE_BACKENDS = ("vllm",)
+DISCOVERABLE_BACKENDS = ("vllm", "sglang")
+HELP_ARGS = {"vllm": ("--help=all", "--help"), "sglang": ("--help",)}  # vLLM groups its help
 HELP_TIMEOUT_S = 300.0
 FINGERPRINT_TIMEOUT_S = 60.0
 CACHE_FORMAT = 1
 
-# Run as `python -c SCRIPT PACKAGE`: prints {"version", "mtime", "origin"} of the package without importing it.
+# Run as `python -c SCRIPT PACKAGE BACKEND MODULE`: prints {"version", "mtime", "origin", "distribution"}.
+# The package is not imported when it is the backend's own distribution (its metadata has the version);
+# otherwise the packages above MODULE are imported for a __version__ (a stand-in server such as the simulator,
+# whose app.sim package says which SGLang it plays); MODULE itself never is (importing a server may start it).
 FINGERPRINT_SCRIPT = r"""
-import importlib.metadata as md, importlib.util as iu, json, os, sys
-pkg = sys.argv[1]
+import importlib, importlib.metadata as md, importlib.util as iu, json, os, sys
+pkg, backend, module = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {"version": None, "mtime": None, "origin": None, "distribution": None}
 spec = iu.find_spec(pkg)
 if spec is not None and spec.origin:
@@ -57,6 +65,18 @@ for dist in md.packages_distributions().get(pkg, []) + [pkg]:
         break
     except md.PackageNotFoundError:
         pass
+if out["origin"] and (out["distribution"] or "").lower().replace("_", "-") not in (backend, backend + "-cpu"):
+    out["version"] = None
+    parts = module.split(".")
+    for depth in range(len(parts) - 1, 0, -1):  # the server module's packages, deepest first; never the module
+        try:
+            found = getattr(importlib.import_module(".".join(parts[:depth])), "__version__", None)
+        except Exception as exc:
+            out["import_error"] = repr(exc)[:200]
+            break
+        if found is not None:
+            out["version"] = str(found)
+            break
 print(json.dumps(out))
 """
 
@@ -138,11 +158,13 @@ def _cache_key(backend: str, python: str, module: str, fingerprint: dict[str, ob
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-async def _fingerprint(host: Host, python: str, module: str) -> dict[str, object] | str:
+async def _fingerprint(host: Host, backend: str, python: str, module: str,
+                       env: dict[str, str]) -> dict[str, object] | str:
     """The package's version/mtime, or the reason it could not be read."""
     package = module.split(".")[0]
     try:
-        result = await host.run([python, "-c", FINGERPRINT_SCRIPT, package], timeout=FINGERPRINT_TIMEOUT_S)
+        result = await host.run([python, "-c", FINGERPRINT_SCRIPT, package, backend, module],
+                                timeout=FINGERPRINT_TIMEOUT_S, env=env)
     except HostError as exc:
         return str(exc)
     if result.returncode != 0:
@@ -157,9 +179,10 @@ async def _fingerprint(host: Host, python: str, module: str) -> dict[str, object
     return data
 
 
-async def _ask_help(host: Host, python: str, module: str, env: dict[str, str]) -> tuple[frozenset[str] | None, str]:
+async def _ask_help(host: Host, backend: str, python: str, module: str,
+                    env: dict[str, str]) -> tuple[frozenset[str] | None, str]:
     last_error = ""
-    for help_arg in ("--help=all", "--help"):
+    for help_arg in HELP_ARGS.get(backend, ("--help",)):
         try:
             result = await host.run([python, "-m", module, help_arg], timeout=HELP_TIMEOUT_S, env=env)
         except HostError as exc:
@@ -178,7 +201,7 @@ async def discover_flags(
     """The flags the server at `python -m module` accepts (module docstring). Never raises."""
     if backend not in DISCOVERABLE_BACKENDS:
         return ServerFlags(backend, python, module, None, None, f"flag discovery is not enabled for {backend}")
-    fingerprint = await _fingerprint(host, python, module)
+    fingerprint = await _fingerprint(host, backend, python, module, dict(env or {}))
     if isinstance(fingerprint, str):
         return ServerFlags(backend, python, module, None, None, fingerprint)
     version = fingerprint.get("version")
@@ -192,7 +215,7 @@ async def discover_flags(
         if cached is not None:
             _memory[key] = cached
             return cached
-    flags, reason = await _ask_help(host, python, module, dict(env or {}))
+    flags, reason = await _ask_help(host, backend, python, module, dict(env or {}))
     found = ServerFlags(backend, python, module, version_text, flags, reason)
     if flags is not None:
         _memory[key] = found
@@ -218,3 +241,18 @@ async def _read_cache(host: Host, path: str) -> ServerFlags | None:
         return None
     return ServerFlags(str(data["backend"]), str(data["python"]), str(data["module"]),
                        data.get("version"), frozenset(str(f) for f in data["flags"]), cached=True)
+
+
+def rejection_message(found: ServerFlags, flags: Mapping[str, FlagValue], source: str) -> str | None:
+    """Why a launch with `flags` would fail at the server's argument parsing, naming each rejected flag, the
+    version and what replaces it when the catalog knows; None when every flag is accepted (or unknown)."""
+    rejected = rejected_flags(found.backend, flags, found.flags)
+    if not rejected:
+        return None
+    specs = catalog(found.backend)
+    parts = []
+    for name in rejected:
+        instead = specs[name].replacement()
+        parts.append(f"--{name}" + (f" (use {instead} instead)" if instead else ""))
+    return (f"{source}: the installed {found.describe()} does not accept {', '.join(parts)}; change the profile "
+            f"(or --unset {rejected[0]}); nothing was launched or killed")

@@ -7,12 +7,15 @@ SGLang
   forces --speculative-num-draft-tokens to steps + 1 (docs/servers.md#sglang-command-line), so the toggle
   sets it too: the command line then says what the server will run.
   Needs --speculative-algorithm.
-- `g` "pcg": flips --enforce-piecewise-cuda-graph. From 0.5.10 piecewise CUDA graph is on by default, so
-  flipping --disable-piecewise-cuda-graph would look like the obvious choice, but SGLang silently turns PCG
+- `g` "pcg": keeps the prefill (piecewise) CUDA graph on past SGLang's auto-disable rules, in the flags of the
+  version discovered (prefill_graph_toggle): on 0.5.15+ it cycles --cuda-graph-backend-prefill between absent
+  (auto) and `breakable`; up to 0.5.12 (and while the version is unknown) it flips
+  --enforce-piecewise-cuda-graph. From 0.5.10 piecewise CUDA graph is on by default, so flipping
+  --disable-piecewise-cuda-graph would look like the obvious choice, but SGLang silently turns PCG
   off whenever --speculative-algorithm is set or the model is multimodal (docs/servers.md#sglang-command-line,
   `_handle_piecewise_cuda_graph`); only --enforce-piecewise-cuda-graph skips that cascade. With the
   speculative profiles this dashboard is built for, "disable" would change nothing, "enforce" visibly turns
-  PCG on. (On 0.5.15+ the flag is a deprecated alias of --cuda-graph-backend-prefill=tc_piecewise.)
+  PCG on.
 - `o` "overlap": one key cycling the four combinations of the overlap scheduler (--disable-overlap-schedule)
   and single-batch overlap (--enable-single-batch-overlap), in Gray-code order so that every press changes
   exactly one flag (the pending diff shows one line, an A/B run compares one change):
@@ -36,6 +39,7 @@ from functools import cache
 from typing import Literal
 
 from app.core.data import BACKENDS, FlagValue
+from app.core.flags.catalog import release_tuple
 from app.core.flags.values import CUSTOM, FlagError, format_value, get_flag, lookup_flag, set_flag
 
 ToggleKind = Literal["cycle", "flip", "set"]
@@ -128,16 +132,44 @@ def flip(key: str, label: str, backend: str, flag: str, help: str = "") -> Toggl
     return Toggle(key, label, "flip", (spec.name,), ((off,), (True,)), help=help or spec.help)
 
 
+PREFILL_BACKEND_SINCE = (0, 5, 15)
+"""SGLang 0.5.15 replaced the piecewise CUDA graph flags with --cuda-graph-backend-prefill (docs/servers.md)."""
+
+
+def prefill_graph_toggle(backend: str, version: str | None) -> Toggle:
+    """`g`: keep SGLang's prefill (piecewise) CUDA graph on where SGLang would switch it off, in the flags of
+    `version`: --enforce-piecewise-cuda-graph up to 0.5.12, --cuda-graph-backend-prefill breakable from 0.5.15
+    (an explicit prefill backend skips the multimodal auto-disable). Unknown version: the 0.5.10 form."""
+    release = release_tuple(version)
+    if release is not None and release >= PREFILL_BACKEND_SINCE:
+        return Toggle("g", "pcg", "cycle", ("cuda-graph-backend-prefill",), ((None,), ("breakable",)),
+                      names=("auto", "breakable"),
+                      help="Prefill CUDA graph kept on (breakable backend), past SGLang's auto-disable rules")
+    return flip("g", "pcg", backend, "enforce-piecewise-cuda-graph",
+                "Piecewise CUDA graph, enforced past SGLang's auto-disable rules")
+
+
+def merge_toggles(defaults: Sequence[Toggle], own: Sequence[tuple[str, Toggle | None]]) -> tuple[Toggle, ...]:
+    """The built-in toggles with a profile's own [toggles] entries on top (None removes a key)."""
+    merged = {toggle.key: toggle for toggle in defaults}
+    for key, toggle in own:
+        if toggle is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = toggle
+    return tuple(merged.values())
+
+
 @cache
-def default_toggles(backend: str) -> tuple[Toggle, ...]:
-    """The built-in toggles of `backend`, used when a profile has no [toggles] table (module docstring)."""
+def default_toggles(backend: str, version: str | None = None) -> tuple[Toggle, ...]:
+    """The built-in toggles of `backend` for the server `version` in front of it (None: not known yet), used
+    for every key a profile's [toggles] table does not define (module docstring)."""
     if backend == "sglang":
         return (
             Toggle("s", "steps", "cycle", ("speculative-num-steps",), tuple((n,) for n in range(1, 6)),
                    requires="speculative-algorithm",
                    help="Speculative steps 1-5 (draft tokens follow when topk is 1)"),
-            flip("g", "pcg", backend, "enforce-piecewise-cuda-graph",
-                 "Piecewise CUDA graph, enforced past SGLang's auto-disable rules"),
+            prefill_graph_toggle(backend, version),
             Toggle("o", "overlap", "cycle", ("disable-overlap-schedule", "enable-single-batch-overlap"),
                    ((None, None), (None, True), (True, True), (True, None)),
                    names=("sched", "sched+sbo", "sbo", "off"),

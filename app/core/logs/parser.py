@@ -1,16 +1,20 @@
-"""Backend log lines -> typed events (phase, ready, decode stats, notices, fatal) for SGLang and vLLM.
+"""Backend log lines -> typed events (phase, ready, throughput, capacity, notices, fatal) for SGLang and vLLM.
 
-Over 450 lines on purpose: one job, one pass per line over one LogParser state (launch, ranks, open traceback).
+Over 450 lines on purpose: one job, one pass per line over one LogParser state (launch, ranks, open traceback),
+and most of its length is this docstring; the figures' builders live in app/core/logs/stats.py.
 
 Public API
 ----------
 - ``LogParser(backend=None, context_lines=30, ready_regex=None)``: incremental parser. ``feed(line) -> list[LogEvent]``
   takes one line (a chunk holding several newline-separated lines is split); ``flush() -> list[LogEvent]``
   at end of stream returns a traceback still being collected; ``backend`` is "sglang", "vllm" or None until
-  detected; ``lines`` counts the lines fed (LogLine.number is 1-based).
+  detected; ``lines`` counts the lines fed (LogLine.number is 1-based). Every line fed is accounted for: it
+  gave an event, or it is one of ``traceback_lines`` (taken into a traceback's FatalEvent), or it is one of
+  ``skipped`` (no event); ``unreadable`` counts the skipped lines shaped like a throughput line whose
+  figures could not be read.
 - ``detect_backend(lines) -> str | None``: the backend of the first line that carries a decisive marker.
 - ``parse_lines(lines, backend=None) -> ParsedLog``: a whole log at once (flushes); ``ParsedLog`` has
-  ``backend``, ``events``, ``lines``, ``first_timestamp`` and ``summary() -> LogSummary``.
+  ``backend``, ``events``, ``lines``, ``first_timestamp``, ``skipped``, ``unreadable`` and ``summary() -> LogSummary``.
 - ``LogParser.first_timestamp``: the timestamp text of the first line that had one.
 - ``read_log_lines(path) -> Iterator[str]``: a log file's lines split on "\\n" only (keeps tqdm's "\\r").
 - ``line_timestamp(text) -> str | None``: the log's own timestamp text of a line.
@@ -22,7 +26,14 @@ What a line goes through
 ANSI colour is stripped; a tqdm line rewritten with ``\\r`` keeps only its last state; a journald prefix
 and a ``(Proc pid=N) `` prefix (vLLM subprocesses, Ray actors) are removed; then the backend prefix is
 *searched* (SGLang ``[ts ranks] ``, vLLM ``LEVEL mm-dd HH:MM:SS [file:line] ``) so foreign prefixes in
-front of it do not matter. The text after it is the message. Patterns live in app/core/logs/patterns.py.
+front of it do not matter. The text after it is the message. Patterns live in app/core/logs/patterns.py,
+the builders of the throughput figures in app/core/logs/stats.py.
+
+What a message becomes: SGLang ``Decode batch`` -> DecodeStats, ``Prefill batch`` -> PrefillStats (any rank);
+vLLM ``Avg prompt throughput`` -> DecodeStats, ``SpecDecoding metrics`` -> SpecDecodeStats; a startup milestone
+-> PhaseEvent; SGLang's ``max_total_num_tokens=...`` summary -> ServerCapacity; the ready line -> ReadyEvent;
+otherwise a notice-table line -> Notice (with ``feature`` when it says what it switched off), a fatal-table
+line -> FatalEvent. Docs: docs/servers.md#sglang-log-lines and #vllm-log-lines.
 
 Until the backend is known, both backends' patterns apply (they do not overlap) except the uvicorn
 ``Application startup complete.`` line, which then counts as WARMUP (the SGLang meaning).
@@ -36,7 +47,8 @@ Readiness rules
   CPU build: /health refused the connection right after it). One ReadyEvent per launch.
 - ``Phase.READY`` is never emitted as a PhaseEvent: the ReadyEvent is the ready signal. Its ``timestamp`` is
   the line's own, or the last one seen before it (uvicorn lines carry none).
-- A launch begins at SGLang ``server_args=ServerArgs(`` or vLLM ``vLLM [API ]server version`` (0.32.0: the
+- A launch begins at SGLang ``server_args=ServerArgs(`` (0.5.19+: ``server_args={``) or vLLM ``vLLM [API ]server
+  version`` (0.32.0: the
   banner's ``version X``): per-launch state (ready seen, once-only phases) resets, so a log holding several
   launches yields one ready each.
 
@@ -46,16 +58,16 @@ Readiness rules
 
 Ranks
 -----
-Phase events and notices come only from the primary rank: SGLang lines without ranks or whose ranks are
-all 0 (``TP0``, ``DP0 TP0``), vLLM lines without a process prefix or from a process whose index is 0
-(``EngineCore_DP0``, ``Worker_TP0``; ``VllmWorkerProcess`` and Ray workers are secondary). With TP=8 the
-per-rank copies of the same milestone would otherwise arrive eight times. Decode stats and fatal events
-come from every rank (with DP attention every DP rank prints its own Decode line).
+Phase events, capacity and notices come only from the primary rank: SGLang lines without ranks or whose ranks
+are all 0 (``TP0``, ``DP0 TP0``, 0.5.23 ``ATTN_CP0``), vLLM lines without a process prefix or from a process
+whose index is 0 (``EngineCore_DP0``, ``Worker_TP0``; ``VllmWorkerProcess`` and Ray workers are secondary).
+With TP=8 the per-rank copies of the same milestone would otherwise arrive eight times. Throughput stats and
+fatal events come from every rank (with DP attention every DP rank prints its own Decode line).
 
 Fatal events
 ------------
-A line matching the fatal table (OOM, port in use, child failed, engine errors) gives a FatalEvent at
-once, whose context is the last ``context_lines`` lines up to it. A ``Traceback (most recent call last):``
+A line matching the fatal table (OOM, port in use, child failed or crashed, engine errors) gives a FatalEvent
+at once, whose context is the last ``context_lines`` lines up to it. A ``Traceback (most recent call last):``
 opens a block: the following frame lines, chained tracebacks and the exception line are collected, and
 the event is emitted when the first line after the exception line that is not part of the traceback
 arrives (or at ``flush()``). Its text is the final exception line; its kind is the fatal-table
@@ -74,6 +86,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from app.core.data import (
+    LOG_LINE_CUT,
+    LOG_LINE_MAX,
     DecodeStats,
     FatalEvent,
     LogEvent,
@@ -81,10 +95,13 @@ from app.core.data import (
     Notice,
     Phase,
     PhaseEvent,
+    PrefillStats,
     ReadyEvent,
     SpecDecodeStats,
+    cap_log_line,
 )
 from app.core.logs import patterns as lp
+from app.core.logs import stats
 from app.core.logs.summary import LogSummary, event_to_json, line_timestamp, summarize, summary_to_json
 
 __all__ = [
@@ -181,34 +198,6 @@ def detect_backend(lines: Iterable[str]) -> str | None:
     return None
 
 
-def _number(text: str | None) -> float | None:
-    """A float from a log field ("12.5", "12.5%", "1,234", "nan"); None when it is not a number."""
-    if text is None:
-        return None
-    value = text.strip().rstrip("%").replace(",", "")
-    value = value.split(" ", 1)[0]
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return None if number != number else number  # nan -> None
-
-
-def _integer(text: str | None) -> int | None:
-    number = _number(text)
-    return int(number) if number is not None else None
-
-
-def _fields(text: str) -> dict[str, str]:
-    """``key: value`` pairs of a comma-separated stats line (trailing ", " and "." tolerated)."""
-    pairs: dict[str, str] = {}
-    for part in text.rstrip().rstrip(",.").split(", "):
-        key, sep, value = part.partition(": ")
-        if sep:
-            pairs.setdefault(key.strip(), value.strip())
-    return pairs
-
-
 def _is_exception_line(body: str) -> bool:
     match = lp.EXCEPTION_LINE.match(body)
     if not match:
@@ -233,6 +222,9 @@ class LogParser:
         self._once: set[Phase] = set()
         self._first_timestamp: str | None = None
         self._last_timestamp: str | None = None
+        self._skipped = 0
+        self._unreadable = 0
+        self._traceback_lines = 0
 
     @property
     def backend(self) -> str | None:
@@ -245,18 +237,35 @@ class LogParser:
         return self._number
 
     @property
+    def skipped(self) -> int:
+        """Lines that gave no event and are not part of a traceback (plain info lines, unreadable lines)."""
+        return self._skipped
+
+    @property
+    def unreadable(self) -> int:
+        """Lines that looked like a throughput line (``Decode batch``...) whose figures could not be read."""
+        return self._unreadable
+
+    @property
+    def traceback_lines(self) -> int:
+        """Lines taken into a traceback after its first line (they are the FatalEvent's context)."""
+        return self._traceback_lines
+
+    @property
     def first_timestamp(self) -> str | None:
         """The timestamp text of the first line that had one (the start for LogSummary.ready_seconds)."""
         return self._first_timestamp
 
     def feed(self, line: str) -> list[LogEvent]:
-        """Parse one line (or a chunk of newline-separated lines) and return the events it completes."""
+        """Parse one line (or a chunk of newline-separated lines) and return the events it completes.
+
+        A line longer than LOG_LINE_MAX is cut there (app.core.data.cap_log_line) before anything reads it."""
         events: list[LogEvent] = []
         pieces = line.split("\n")
         if len(pieces) > 1 and pieces[-1] == "":
             pieces.pop()
         for piece in pieces:
-            events.extend(self._feed_one(piece))
+            events.extend(self._feed_one(cap_log_line(piece)))
         return events
 
     def flush(self) -> list[LogEvent]:
@@ -282,11 +291,15 @@ class LogParser:
             if done:
                 events.append(self._finish_traceback())
             if consumed:
+                self._traceback_lines += 1
                 self._ring.append(text)
                 return events
         if self._backend is None:
             self._backend = detect_line(text)
-        events.extend(self._classify(parts, where))
+        own = self._classify(parts, where)
+        if not own and (self._traceback is None or self._traceback.start is not where):
+            self._skipped += 1
+        events.extend(own)
         self._ring.append(text)
         return events
 
@@ -304,13 +317,19 @@ class LogParser:
         if fatal is not None:
             context = (*self._ring, where.text)
             return [FatalEvent(fatal, message.strip(), where, context[-self._ring_size() :])]
-        stats = self._stats(message, parts, where)
-        if stats is not None:
-            return [stats]
+        figures = self._stats(message, parts, where)
+        if figures is not None:
+            return [figures]
         events: list[LogEvent] = []
         phase = self._phase(message, parts, where)
         if phase is not None:
             events.append(phase)
+        elif (
+            parts.primary
+            and self._backend not in (lp.VLLM, CUSTOM)
+            and (capacity := lp.SGLANG_CAPACITY.search(message)) is not None
+        ):
+            events.append(stats.sglang_capacity(capacity, where))
         ready = self._readiness(message, where) if self._backend != CUSTOM else None
         if ready is None and self._ready_regex is not None and self._ready_regex.search(where.text):
             ready = self._ready_once(where)
@@ -322,7 +341,7 @@ class LogParser:
         if kind is None and parts.level == "WARNING":
             kind = lp.WARNING
         if kind is not None:
-            events.append(Notice(kind, message.strip(), where))
+            events.append(Notice(kind, message.strip(), where, lp.NOTICE_FEATURES.kind_of(message)))
         return events
 
     def _ring_size(self) -> int:
@@ -347,7 +366,7 @@ class LogParser:
             if not row.begin:  # an end re-arms the once-only begin rows of its phase
                 self._once.discard(row.phase)
             groups = {key: value for key, value in match.groupdict().items() if value is not None}
-            seconds = _number(groups.pop("secs", None))
+            seconds = stats.number(groups.pop("secs", None))
             if "tokens" in groups:
                 groups["tokens"] = groups["tokens"].replace(",", "")
             detail = dict(row.detail)
@@ -370,24 +389,29 @@ class LogParser:
 
     # --- throughput -----------------------------------------------------------------------------------
 
-    def _stats(self, message: str, parts: _Parts, where: LogLine) -> DecodeStats | SpecDecodeStats | None:
+    def _stats(
+        self, message: str, parts: _Parts, where: LogLine
+    ) -> DecodeStats | PrefillStats | SpecDecodeStats | None:
+        """The throughput figures of a line (any rank); a line of that shape whose figures are unreadable is counted."""
         if self._backend == CUSTOM:
             return None
+        found: DecodeStats | PrefillStats | SpecDecodeStats | None = None
+        matched = False
         if self._backend != lp.VLLM:
-            decode = lp.SGLANG_DECODE.search(message)
-            if decode:
-                return _sglang_decode(_fields(decode.group("fields")), parts, where)
-        if self._backend != lp.SGLANG:
-            throughput = lp.VLLM_THROUGHPUT.search(message)
-            if throughput:
-                return _vllm_throughput(_fields(throughput.group("fields")), parts, where)
-            spec = lp.VLLM_SPEC_V1.search(message)
-            if spec:
-                return _vllm_spec_v1(_fields(spec.group("fields")), parts, where)
-            spec_v0 = lp.VLLM_SPEC_V0.search(message)
-            if spec_v0:
-                return _vllm_spec_v0(spec_v0, parts, where)
-        return None
+            if decode := lp.SGLANG_DECODE.search(message):
+                matched, found = True, stats.sglang_decode(decode.group("fields"), where, parts.timestamp)
+            elif prefill := lp.SGLANG_PREFILL.search(message):
+                matched, found = True, stats.sglang_prefill(prefill.group("fields"), where, parts.timestamp)
+        if not matched and self._backend != lp.SGLANG:
+            if throughput := lp.VLLM_THROUGHPUT.search(message):
+                matched, found = True, stats.vllm_throughput(throughput.group("fields"), where, parts.timestamp)
+            elif spec := lp.VLLM_SPEC_V1.search(message):
+                matched, found = True, stats.vllm_spec_v1(spec.group("fields"), where, parts.timestamp)
+            elif spec_v0 := lp.VLLM_SPEC_V0.search(message):
+                matched, found = True, stats.vllm_spec_v0(spec_v0, where, parts.timestamp)
+        if matched and found is None:
+            self._unreadable += 1
+        return found
 
     # --- tracebacks -----------------------------------------------------------------------------------
 
@@ -427,72 +451,6 @@ class LogParser:
         return FatalEvent(kind, text, block.start, (*block.before, *block.lines))
 
 
-def _sglang_decode(fields: dict[str, str], parts: _Parts, where: LogLine) -> DecodeStats | None:
-    gen_tps = _number(fields.get("gen throughput (token/s)"))
-    if gen_tps is None:
-        return None
-    usage = next((fields[key] for key in ("token usage", "full token usage", "gpu token usage") if key in fields), None)
-    graph = next((value for key, value in fields.items() if key.endswith(" graph")), None)
-    return DecodeStats(
-        gen_tps=gen_tps,
-        line=where,
-        accept_len=_number(fields.get("accept len")),
-        accept_rate=_number(fields.get("accept rate")),
-        running=_integer(fields.get("#running-req")),
-        queued=_integer(fields.get("#queue-req")),
-        token_usage=_number(usage),
-        cuda_graph={"True": True, "False": False}.get(graph or ""),
-        timestamp=parts.timestamp,
-    )
-
-
-def _vllm_throughput(fields: dict[str, str], parts: _Parts, where: LogLine) -> DecodeStats | None:
-    gen_tps = _number(fields.get("Avg generation throughput"))
-    if gen_tps is None:
-        return None
-    usage = next((value for key, value in fields.items() if key.endswith("KV cache usage")), None)
-    usage_pct = _number(usage)
-    waiting = fields.get("Waiting", fields.get("Pending"))
-    return DecodeStats(
-        gen_tps=gen_tps,
-        line=where,
-        running=_integer(fields.get("Running")),
-        queued=_integer(waiting),
-        token_usage=usage_pct / 100.0 if usage_pct is not None else None,
-        timestamp=parts.timestamp,
-    )
-
-
-def _vllm_spec_v1(fields: dict[str, str], parts: _Parts, where: LogLine) -> SpecDecodeStats | None:
-    accepted = _integer(fields.get("Accepted"))
-    drafted = _integer(fields.get("Drafted"))
-    if accepted is None or drafted is None:
-        return None
-    rate = _number(fields.get("Avg Draft acceptance rate"))
-    return SpecDecodeStats(
-        mean_accept_len=_number(fields.get("Mean acceptance length")),
-        accepted=accepted,
-        drafted=drafted,
-        line=where,
-        accept_rate=rate / 100.0 if rate is not None else None,
-        timestamp=parts.timestamp,
-    )
-
-
-def _vllm_spec_v0(match: re.Match[str], parts: _Parts, where: LogLine) -> SpecDecodeStats:
-    """V0 prints no mean acceptance length; derive it: emitted tokens per verify step, steps = drafts / k."""
-    k, drafted, emitted = int(match.group("k")), int(match.group("draft")), int(match.group("emitted"))
-    mean = emitted * k / drafted if drafted > 0 and k > 0 else None
-    return SpecDecodeStats(
-        mean_accept_len=mean,
-        accepted=int(match.group("acc")),
-        drafted=drafted,
-        line=where,
-        accept_rate=_number(match.group("rate")),
-        timestamp=parts.timestamp,
-    )
-
-
 @dataclass(frozen=True)
 class ParsedLog:
     """A whole log parsed at once."""
@@ -501,6 +459,8 @@ class ParsedLog:
     events: tuple[LogEvent, ...]
     lines: int
     first_timestamp: str | None
+    skipped: int = 0  # lines that gave no event (LogParser.skipped)
+    unreadable: int = 0  # throughput-shaped lines whose figures could not be read (LogParser.unreadable)
 
     def summary(self) -> LogSummary:
         """The summary of these events (ready time measured from the log's first timestamp)."""
@@ -510,11 +470,17 @@ class ParsedLog:
 def read_log_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     """The lines of a log file split on "\\n" only, so a tqdm line's "\\r" updates stay on one line.
 
-    (Text-mode ``open()`` would split on "\\r" as well.) Undecodable bytes become U+FFFD.
+    (Text-mode ``open()`` would split on "\\r" as well.) Undecodable bytes become U+FFFD. A line longer than
+    LOG_LINE_MAX bytes is cut there with LOG_LINE_CUT; the rest of it is skipped unread into memory.
     """
     with open(path, "rb") as handle:
-        for raw in handle:
-            yield raw.decode("utf-8", errors="replace")
+        while raw := handle.readline(LOG_LINE_MAX + 1):
+            if len(raw) <= LOG_LINE_MAX or raw.endswith(b"\n"):
+                yield raw.decode("utf-8", errors="replace")
+                continue
+            while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            yield raw[:LOG_LINE_MAX].decode("utf-8", errors="replace") + LOG_LINE_CUT + "\n"
 
 
 def parse_lines(lines: Iterable[str], backend: str | None = None) -> ParsedLog:
@@ -524,4 +490,6 @@ def parse_lines(lines: Iterable[str], backend: str | None = None) -> ParsedLog:
     for line in lines:
         events.extend(parser.feed(line))
     events.extend(parser.flush())
-    return ParsedLog(parser.backend, tuple(events), parser.lines, parser.first_timestamp)
+    return ParsedLog(
+        parser.backend, tuple(events), parser.lines, parser.first_timestamp, parser.skipped, parser.unreadable
+    )

@@ -29,9 +29,11 @@ JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S+ [\w.@/-]+(?
 # "(RayWorkerWrapper pid=5, ip=10.0.0.1) ", "(SGLangEngine pid=41820) ". Exactly one space is eaten so
 # that the indentation of traceback lines survives.
 PROC = re.compile(r"^\((?P<proc>[\w-]+)(?: rank=(?P<rank>\d+))? pid=\d+(?:, ip=[\d.]+)?\) ?")
-# SGLang: "[2025-11-30 11:18:05 DP0 TP1] ", "[16:43:29 TP0] ", "[2025-11-30 11:18:05.123] "
+# SGLang: "[2025-11-30 11:18:05 DP0 TP1] ", "[16:43:29 TP0] ", "[2025-11-30 11:18:05.123] "; with context or MoE
+# data parallelism " ATTN_CP1" and " MOE_DP1" stand between PP and TP (0.5.10-0.5.23 alike).
+_RANKS = r"(?: (?:DP|TP|PP|EP|ATTN_CP|MOE_DP)\d+)"
 SGLANG_PREFIX = re.compile(
-    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<ranks>(?: (?:DP|TP|PP|EP)\d+)*)\] ?"
+    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?)(?P<ranks>" + _RANKS + r"*)\] ?"
 )
 # vLLM V1 "INFO 11-30 12:50:10 [loggers.py:123] " and V0 "INFO 01-22 18:27:20 metrics.py:449] ".
 VLLM_PREFIX = re.compile(
@@ -40,7 +42,7 @@ VLLM_PREFIX = re.compile(
 )
 # Custom logging configs and embedding applications: "2025-12-04 20:35:53 INFO ..." at the line start.
 ISO_PREFIX = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,]\d+)?")
-RANK_NUMBER = re.compile(r"(?:DP|TP|PP|EP|_)(\d+)")
+RANK_NUMBER = re.compile(r"(?:DP|TP|PP|EP|CP|_)(\d+)")
 
 # --- backend detection ---------------------------------------------------------------------------------
 
@@ -49,10 +51,9 @@ DETECT: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         SGLANG,
         re.compile(
-            r"server_args=ServerArgs\(|Decode batch|Prefill batch|Load weight (?:begin|end)\."
+            r"server_args=(?:ServerArgs\(|\{')|Decode batch|Prefill batch|Load weight (?:begin|end)\."
             r"|The server is fired up and ready to roll!|Capture cuda graph|KV Cache is allocated\."
-            r"|\(SGLangEngine pid=|sglang::|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?"
-            r"(?: (?:DP|TP|PP|EP)\d+)+\]"
+            r"|\(SGLangEngine pid=|sglang::|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:\.\d{3})?" + _RANKS + r"+\]"
         ),
     ),
     (
@@ -85,12 +86,49 @@ class PhaseRow:
     detail: tuple[tuple[str, str], ...] = ()  # constant detail entries
 
 
-_GB = r"([\d.]+) GB"
 _GRAPH = r"(?P<graph>cuda|cpu|npu|musa|draft cuda|draft extend cuda)"
+# 0.5.14+: "Capture target verify CUDA graph begin. ...", "Capture draft extend CUDA graph end. ...", the prefill
+# graph as "Capture target prefill CUDA graph ...", "Capture UNO tree draft CUDA graph ...", and 0.5.12+
+# "Capture Frozen-KV MTP draft cuda graph begin." (no figures). The device word is "CUDA", "CPU", "NPU", "XPU"...
+_CAPTURE = (
+    r"Capture (?P<capture>(?:target|draft) (?:decode|verify|prefill|extend)|UNO tree draft|Frozen-KV MTP draft) "
+    r"(?P<device>\w+) graph"
+)
+
+
+def _anywhere(field: str) -> str:
+    """An optional lookahead: the named groups in `field` are filled when the rest of the line holds it.
+
+    The capture lines' `key=value` parts moved between releases (0.5.14-0.5.21 print `bs=` on the begin line,
+    0.5.22+ on the end line), so each is looked for on its own, in any order.
+    """
+    return rf"(?=(?:.*?\b{field})?)"
+
+
+_CAPTURE_BEGIN = re.compile(
+    _CAPTURE
+    + r" begin\."
+    + _anywhere(r"backend=(?P<backend>\w+)")
+    + _anywhere(r"num_tokens_per_(?:req|bs)=(?P<num_tokens_per_req>\d+)")
+    + _anywhere(r"bs=\[(?P<bs>[\d, ]*)\]")
+    + _anywhere(r"step=(?P<step>\d+)")
+    + _anywhere(r"avail mem=(?P<avail_mem_gb>[\d.]+) GB")
+)
+_CAPTURE_END = re.compile(
+    _CAPTURE
+    + r" end\."
+    + _anywhere(r"bs=\[(?P<bs>[\d, ]*)\]")
+    + _anywhere(r"step=(?P<step>\d+)")
+    + _anywhere(r"elapsed=(?P<secs>[\d.]+) s")
+    + _anywhere(r"mem usage=(?P<mem_usage_gb>[\d.]+) GB")
+    + _anywhere(r"avail mem=(?P<avail_mem_gb>[\d.]+) GB")
+)
 
 PHASE_ROWS: tuple[PhaseRow, ...] = (
     # SGLang startup (docs/servers.md#sglang-log-lines)
-    PhaseRow(SGLANG, re.compile(r"server_args=ServerArgs\("), Phase.INIT, True, restart=True),
+    # 0.5.10-0.5.18 print the dataclass (`server_args=ServerArgs(...)`), 0.5.19+ its resolved dict
+    # (`server_args={'model_path': ...}`).
+    PhaseRow(SGLANG, re.compile(r"server_args=(?:ServerArgs\(|\{')"), Phase.INIT, True, restart=True),
     PhaseRow(
         SGLANG,
         re.compile(
@@ -99,6 +137,8 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         Phase.INIT,
         False,
     ),
+    # 0.5.21+: "Init parallel ends. elapsed=0.85 s" (its memory figure moved to "Memory baseline taken. ...")
+    PhaseRow(SGLANG, re.compile(r"Init parallel ends\. elapsed=(?P<secs>[\d.]+) s"), Phase.INIT, False),
     PhaseRow(SGLANG, re.compile(r"Load weight begin\. avail mem=(?P<avail_mem_gb>[\d.]+) GB"), Phase.WEIGHTS, True),
     PhaseRow(
         SGLANG,
@@ -109,18 +149,31 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         Phase.WEIGHTS,
         False,
     ),
+    # 0.5.18+ with the startup weight-load overlap: the real weights land after the graph capture.
+    PhaseRow(
+        SGLANG,
+        re.compile(r"Load weight end\. Committed real weights after CUDA graph capture in (?P<secs>[\d.]+) s"),
+        Phase.WEIGHTS,
+        False,
+    ),
+    # 0.5.13+ add "dtype: torch.bfloat16, "; later releases may name the pool ("Full KV Cache", "SWA KV Cache").
     PhaseRow(
         SGLANG,
         re.compile(
-            r"KV Cache is allocated\. #tokens: (?P<tokens>\d+), (?:K size: (?P<k_size_gb>[\d.]+) GB, "
-            r"V size: (?P<v_size_gb>[\d.]+) GB|KV size: (?P<kv_size_gb>[\d.]+) GB)"
+            r"KV Cache is allocated\. (?:dtype: (?P<kv_dtype>[\w.]+), )?#tokens: (?P<tokens>\d+), "
+            r"(?:K size: (?P<k_size_gb>[\d.]+) GB, V size: (?P<v_size_gb>[\d.]+) GB|KV size: (?P<kv_size_gb>[\d.]+) GB)"
         ),
         Phase.KV_CACHE,
         True,
     ),
     PhaseRow(
         SGLANG,
-        re.compile(r"Mamba Cache is allocated\.(?: max_mamba_cache_size: (?P<max_mamba_cache_size>\d+))?"),
+        re.compile(
+            r"Mamba Cache is allocated\.(?: max_mamba_cache_size: (?P<max_mamba_cache_size>\d+))?"
+            r"(?:, conv_state size: (?P<conv_state_gb>[\d.]+) ?GB, ssm_state size: (?P<ssm_state_gb>[\d.]+) ?GB)?"
+            r"(?:,? intermediate_ssm_state_cache size: (?P<intermediate_ssm_gb>[\d.]+) ?GB)?"
+            r"(?:,? intermediate_conv_window_cache size: (?P<intermediate_conv_gb>[\d.]+) ?GB)?"
+        ),
         Phase.KV_CACHE,
         True,
     ),
@@ -157,6 +210,10 @@ PHASE_ROWS: tuple[PhaseRow, ...] = (
         False,
         detail=(("graph", "piecewise"),),
     ),
+    # 0.5.14+: one begin/end pair per capture (detail "capture": "target verify", "draft extend"...). Every capture
+    # is a CUDA_GRAPH phase, the prefill graph too: `capture` says which, `backend` (full, breakable) how.
+    PhaseRow(SGLANG, _CAPTURE_BEGIN, Phase.CUDA_GRAPH, True),
+    PhaseRow(SGLANG, _CAPTURE_END, Phase.CUDA_GRAPH, False),
     # uvicorn is up but SGLang still warms up: WARMUP begins (never READY: docs/decisions.md#vllm-ready-line).
     PhaseRow(SGLANG, re.compile(r"Application startup complete\."), Phase.WARMUP, True, once=True),
     PhaseRow(SGLANG, re.compile(r"Uvicorn running on (?P<url>\S+)"), Phase.WARMUP, True, once=True),
@@ -205,6 +262,13 @@ UVICORN_STARTUP = re.compile(r"Application startup complete\.")
 # --- throughput ----------------------------------------------------------------------------------------
 
 SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (?P<fields>#running-req: .*)$")
+SGLANG_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?[.,] (?P<fields>#new-seq: .*)$")
+# The scheduler's summary once the model runner is up (0.5.10-0.5.23, tp rank 0 of each DP rank).
+SGLANG_CAPACITY = re.compile(
+    r"max_total_num_tokens=(?P<max_total_tokens>\d+), chunked_prefill_size=(?P<chunked_prefill_size>-?\d+|None), "
+    r"max_prefill_tokens=(?P<max_prefill_tokens>\d+), max_running_requests=(?P<max_running_requests>\d+), "
+    r"context_len=(?P<context_len>\d+), available_(?:gpu|cpu)_mem=(?P<available_gib>[\d.]+) GB"
+)
 VLLM_THROUGHPUT = re.compile(r"(?P<fields>Avg prompt throughput: .*)$")
 VLLM_SPEC_V1 = re.compile(r"SpecDecoding metrics: (?P<fields>.*)$")
 VLLM_SPEC_V0 = re.compile(
@@ -227,8 +291,12 @@ NOTICE_ROWS: tuple[tuple[str, str], ...] = (
     (r"Piecewise cuda graph is disabled for MoE runner backend", AUTO_DISABLED),
     (r"platform does not support piecewise CUDA graph", AUTO_DISABLED),
     (r"Disable piecewise CUDA graph because", AUTO_DISABLED),
-    (r"Breakable CUDA graph is incompatible with", AUTO_DISABLED),
-    (r"Disabling (?:breakable )?prefill CUDA graph", AUTO_DISABLED),
+    (r"(?:Breakable|Full prefill) CUDA graph is incompatible with", AUTO_DISABLED),
+    (r"Disabling (?:breakable )?prefill CUDA graph|Disabling breakable CUDA graph", AUTO_DISABLED),
+    # 0.5.15+ at capture time: "Disable prefill CUDA graph because ...", "Disable target prefill CUDA graph because
+    # the target model does not have a 'layers' attribute", "... capture because no configured capture size fits"
+    (r"Disable (?:\w+ )?prefill CUDA graph(?: capture)? (?:because|for)", AUTO_DISABLED),
+    (r"Disable (?:DFLASH|DSpark) draft cuda graph because", AUTO_DISABLED),
     (r"Piecewise CUDA graph is enabled, use MLA for prefill", AUTO_ADJUSTED),
     (r"Enable piecewise CUDA graph, enabling auto MOE kernel", AUTO_ADJUSTED),
     # overlap scheduler and speculative decoding
@@ -267,8 +335,25 @@ NOTICE_ROWS: tuple[tuple[str, str], ...] = (
     (r"memory leak detected!", WARNING),
     (r"Health check failed\.", WARNING),
     (r"SECURITY WARNING", WARNING),
+    # 0.5.23 (a Python UserWarning on stderr): "'python -m sglang.launch_server' is still supported, but 'sglang
+    # serve' is the recommended entrypoint."
+    (r"is still supported, but 'sglang serve' is the recommended entrypoint", DEPRECATION),
     # deprecations anywhere: "Endpoint '/get_model_info' is deprecated", DeprecationWarning, FutureWarning
     (r"\b(?:[Dd]eprecat(?:ed|ion)|DeprecationWarning|FutureWarning)\b", DEPRECATION),
+)
+
+# What a notice is about, when the advisor can act on it (Notice.feature); the first row that matches wins.
+PREFILL_CUDA_GRAPH = "prefill_cuda_graph"  # SGLang's piecewise (0.5.10-0.5.12) / breakable or full (0.5.15+) graph
+CUDA_GRAPH = "cuda_graph"  # the decode graph (SGLang), the whole-model graphs (vLLM)
+
+NOTICE_FEATURE_ROWS: tuple[tuple[str, str], ...] = (
+    # "Cuda graph is disabled for prefill server when piecewise cuda graph is not enabled." is about the decode graph
+    (r"^\s*(?i:cuda ?graph)(?: and server warmup)? (?:is|are) disabled", CUDA_GRAPH),
+    (
+        r"[Pp]iecewise (?:CUDA|cuda) [Gg]raph|[Bb]reakable (?:prefill )?CUDA graph|[Pp]refill CUDA graph",
+        PREFILL_CUDA_GRAPH,
+    ),
+    (r"(?i:cuda ?graph)|CUDAGraphs", CUDA_GRAPH),
 )
 
 # --- fatal ---------------------------------------------------------------------------------------------
@@ -277,12 +362,21 @@ OOM = "oom"
 PORT_IN_USE = "port_in_use"
 TRACEBACK = "traceback"
 CHILD_FAILED = "child_failed"
+CHILD_CRASHED = "child_crashed"
 ERROR = "error"
 
 FATAL_ROWS: tuple[tuple[str, str], ...] = (
     (r"CUDA out of memory|\bOutOfMemoryError\b|Not enough memory\. Please try to increase --mem-fraction-static", OOM),
     (r"[Aa]ddress already in use|is not available in \d+ seconds|is used by a process already", PORT_IN_USE),
     (r"Received sigquit from a child process|SIGQUIT received\..*child failed", CHILD_FAILED),
+    # SGLang's watchdog (0.5.10-0.5.23): "Subprocess scheduler_0 (pid=4711) crashed with exit code -9. Triggering
+    # SIGQUIT for cleanup..."; while starting: "RuntimeError: Rank 0 scheduler died during initialization (exit
+    # code: -9). ..."; on other nodes: "Scheduler or DataParallelController 4711 terminated with -9".
+    (
+        r"Subprocess \S+ \(pid=\d+\) crashed with exit code|scheduler died during initialization \(exit code"
+        r"|Scheduler or DataParallelController \d+ terminated with",
+        CHILD_CRASHED,
+    ),
     (
         r"Scheduler hit an exception|Initialization failed\. warmup error|EngineDeadError"
         r"|Engine core initialization failed",
@@ -321,4 +415,5 @@ class KindTable:
 
 
 NOTICES = KindTable.build(NOTICE_ROWS)
+NOTICE_FEATURES = KindTable.build(NOTICE_FEATURE_ROWS)
 FATALS = KindTable.build(FATAL_ROWS)

@@ -1,7 +1,8 @@
 """A summary of parsed log events (ready time, phase durations, tok/s over time, acceptance) and JSON forms.
 
 - ``summarize(events, backend=None, first_timestamp=None) -> LogSummary``
-- ``event_to_json(event) -> dict`` (a "type" key: phase, ready, decode, spec_decode, notice, fatal)
+- ``event_to_json(event) -> dict`` (a "type" key: phase, ready, decode, prefill, spec_decode, capacity, notice,
+  fatal)
 - ``summary_to_json(summary) -> dict``
 - ``line_timestamp(text) -> str | None`` and ``TimestampClock`` (timestamp text -> seconds since the first)
 
@@ -11,11 +12,19 @@ when the clock goes back by more than an hour", so a log crossing midnight (time
 (vLLM) still measures forward. Ready seconds are measured from ``first_timestamp`` (the first line of the
 log that had one; LogParser.first_timestamp) or, without it, from the first event that has one.
 
-Phase durations: the backend's own figures (PhaseEvent.seconds on end events) win. Repeated end lines
-of one phase and graph kind overlap (vLLM ``Loading weights took`` then ``Model loading took``), so the
-largest counts; different graph kinds (SGLang decode, draft, draft extend) add up. Without a figure, the
-duration is from the first begin line to the last end line of the phase by timestamps; WARMUP ends at
-the ready line. Mean gen tok/s counts only lines with gen_tps > 0 (vLLM prints one 0.0 line after a burst).
+Phase rows: one per phase, and one per capture for SGLang 0.5.14+ graph captures (PhaseEvent detail
+``capture``: "target verify", "target prefill", "draft decode", "draft extend"...), in the order they first
+appear; 0.5.10-0.5.12 graph lines (no ``capture``) share one CUDA_GRAPH row as before.
+
+Phase durations: the backend's own figures (PhaseEvent.seconds on end events) win. vLLM's figures overlap
+(``Loading weights took`` is inside ``Model loading took``), so per graph kind the largest counts; SGLang's
+figures are each of a different thing (the target's and the draft's weights, decode, draft and draft-extend
+graphs, each draft-extend step) and add up. Without a figure, the duration is from the first begin line to
+the last end line of the row by timestamps; WARMUP ends at the ready line. A row's GiB is the memory the
+backend says the phase took, added up the same way: ``mem usage=`` of SGLang's weights, init and graph lines,
+the sizes of its KV and Mamba caches for the memory pool; vLLM's ``Model loading took F GiB``, ``Available KV
+cache memory`` and ``took F GiB`` of the graph capture (SGLang prints GiB as "GB": it divides by 2**30).
+Mean gen tok/s counts only lines with gen_tps > 0 (vLLM prints one 0.0 line after a burst).
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ from app.core.data import (
     Notice,
     Phase,
     PhaseEvent,
+    PrefillStats,
     ReadyEvent,
+    ServerCapacity,
     SpecDecodeStats,
 )
 from app.core.logs import patterns as lp
@@ -40,11 +51,14 @@ from app.core.logs import patterns as lp
 
 @dataclass(frozen=True)
 class PhaseTiming:
-    """How long one startup phase took, and where the figure came from ("backend" | "timestamps")."""
+    """How long one startup phase (or one graph capture) took, where the figure came from ("backend" |
+    "timestamps"), and the memory it took when the backend says (GiB)."""
 
     phase: Phase
     seconds: float | None
     source: str
+    capture: str | None = None  # SGLang 0.5.14+: which capture ("target verify"); None: the whole phase
+    gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,16 +149,63 @@ class TimestampClock:
 
 
 def _event_timestamp(event: LogEvent) -> str | None:
-    if isinstance(event, DecodeStats | SpecDecodeStats | ReadyEvent) and event.timestamp is not None:
+    if isinstance(event, DecodeStats | PrefillStats | SpecDecodeStats | ReadyEvent) and event.timestamp is not None:
         return event.timestamp
     return line_timestamp(event.line.text)
 
 
-def _phase_timings(events: list[LogEvent], at: dict[int, float | None]) -> tuple[PhaseTiming, ...]:
-    order: list[Phase] = []
-    figures: dict[Phase, dict[str, float]] = {}
-    begins: dict[Phase, float] = {}
-    ends: dict[Phase, float] = {}
+# PhaseEvent detail keys that hold memory a phase took, in GiB (SGLang's "GB" is GiB; vLLM prints "GiB").
+_GIB_KEYS = (
+    "mem_usage_gb",  # SGLang weights, init, graph captures
+    "k_size_gb",  # SGLang KV cache
+    "v_size_gb",
+    "kv_size_gb",
+    "conv_state_gb",  # SGLang Mamba cache
+    "ssm_state_gb",
+    "intermediate_ssm_gb",
+    "intermediate_conv_gb",
+    "mem_gib",  # vLLM model loading, graph capture
+    "kv_mem_gib",  # vLLM available KV cache memory
+)
+
+
+def _event_gib(event: PhaseEvent) -> float | None:
+    """The memory one phase line says its phase took (the sum of its size fields), None when it says none."""
+    sizes: list[float] = []
+    for key in _GIB_KEYS:
+        if key in event.detail:
+            try:
+                sizes.append(float(event.detail[key]))
+            except ValueError:
+                continue
+    return sum(sizes) if sizes else None
+
+
+_Row = tuple[Phase, str | None]  # (phase, capture)
+
+
+class _Figures:
+    """The backend's figures of one row: added up (SGLang) or the largest per graph kind (vLLM, overlapping)."""
+
+    def __init__(self, adds_up: bool) -> None:
+        self._adds_up = adds_up
+        self._per_key: dict[object, float] = {}
+
+    def add(self, event: PhaseEvent, value: float) -> None:
+        key: object = len(self._per_key) if self._adds_up else event.detail.get("graph", "")
+        self._per_key[key] = max(self._per_key.get(key, 0.0), value)
+
+    def total(self) -> float | None:
+        return round(sum(self._per_key.values()), 3) if self._per_key else None
+
+
+def _phase_timings(events: list[LogEvent], at: dict[int, float | None], backend: str | None) -> tuple[PhaseTiming, ...]:
+    adds_up = backend == lp.SGLANG
+    order: list[_Row] = []
+    seconds: dict[_Row, _Figures] = {}
+    gib: dict[_Row, _Figures] = {}
+    begins: dict[_Row, float] = {}
+    ends: dict[_Row, float] = {}
     ready_at: float | None = None
     for index, event in enumerate(events):
         moment = at.get(index)
@@ -152,28 +213,34 @@ def _phase_timings(events: list[LogEvent], at: dict[int, float | None]) -> tuple
             ready_at = moment
         if not isinstance(event, PhaseEvent):
             continue
-        if event.phase not in order:
-            order.append(event.phase)
+        row = (event.phase, event.detail.get("capture"))
+        if row not in order:
+            order.append(row)
+        size = _event_gib(event)
+        if size is not None:
+            gib.setdefault(row, _Figures(adds_up)).add(event, size)
         if event.begin:
             if moment is not None:
-                begins.setdefault(event.phase, moment)
+                begins.setdefault(row, moment)
             continue
         if moment is not None:
-            ends[event.phase] = moment
+            ends[row] = moment
         if event.seconds is not None:
-            per_graph = figures.setdefault(event.phase, {})
-            graph = event.detail.get("graph", "")
-            per_graph[graph] = max(per_graph.get(graph, 0.0), event.seconds)
-    if ready_at is not None and Phase.WARMUP in order:
-        ends[Phase.WARMUP] = ready_at
+            seconds.setdefault(row, _Figures(adds_up)).add(event, event.seconds)
+    warmup = (Phase.WARMUP, None)
+    if ready_at is not None and warmup in order:
+        ends[warmup] = ready_at
     timings: list[PhaseTiming] = []
-    for phase in order:
-        if phase in figures:
-            timings.append(PhaseTiming(phase, round(sum(figures[phase].values()), 3), "backend"))
-        elif phase in begins and phase in ends and ends[phase] >= begins[phase]:
-            timings.append(PhaseTiming(phase, ends[phase] - begins[phase], "timestamps"))
+    for row in order:
+        phase, capture = row
+        row_gib = gib[row].total() if row in gib else None
+        figure = seconds[row].total() if row in seconds else None
+        if figure is not None:
+            timings.append(PhaseTiming(phase, figure, "backend", capture, row_gib))
+        elif row in begins and row in ends and ends[row] >= begins[row]:
+            timings.append(PhaseTiming(phase, ends[row] - begins[row], "timestamps", capture, row_gib))
         else:
-            timings.append(PhaseTiming(phase, None, "timestamps"))
+            timings.append(PhaseTiming(phase, None, "timestamps", capture, row_gib))
     return tuple(timings)
 
 
@@ -205,7 +272,7 @@ def summarize(events: Iterable[LogEvent], backend: str | None = None, first_time
         backend=backend,
         ready=ready_index is not None,
         ready_seconds=at.get(ready_index) if ready_index is not None else None,
-        phases=_phase_timings(items, at),
+        phases=_phase_timings(items, at, backend),
         tps_series=tuple(series),
         mean_gen_tps=_mean(busy),
         max_gen_tps=max((sample.gen_tps for sample in series), default=None),
@@ -219,7 +286,9 @@ _TYPE_NAMES: dict[type, str] = {
     PhaseEvent: "phase",
     ReadyEvent: "ready",
     DecodeStats: "decode",
+    PrefillStats: "prefill",
     SpecDecodeStats: "spec_decode",
+    ServerCapacity: "capacity",
     Notice: "notice",
     FatalEvent: "fatal",
 }
@@ -241,6 +310,27 @@ def event_to_json(event: LogEvent) -> dict[str, Any]:
             cuda_graph=event.cuda_graph,
             timestamp=event.timestamp,
         )
+    elif isinstance(event, PrefillStats):
+        out.update(
+            input_tps=event.input_tps,
+            new_seqs=event.new_seqs,
+            new_tokens=event.new_tokens,
+            cached_tokens=event.cached_tokens,
+            running=event.running,
+            queued=event.queued,
+            token_usage=event.token_usage,
+            cuda_graph=event.cuda_graph,
+            timestamp=event.timestamp,
+        )
+    elif isinstance(event, ServerCapacity):
+        out.update(
+            max_total_tokens=event.max_total_tokens,
+            max_running_requests=event.max_running_requests,
+            context_len=event.context_len,
+            chunked_prefill_size=event.chunked_prefill_size,
+            max_prefill_tokens=event.max_prefill_tokens,
+            available_gib=event.available_gib,
+        )
     elif isinstance(event, SpecDecodeStats):
         out.update(
             mean_accept_len=event.mean_accept_len,
@@ -253,10 +343,23 @@ def event_to_json(event: LogEvent) -> dict[str, Any]:
         out.update(timestamp=event.timestamp)
     elif isinstance(event, Notice):
         out.update(kind=event.kind, message=event.text)
+        if event.feature is not None:
+            out["feature"] = event.feature
     elif isinstance(event, FatalEvent):
         out.update(kind=event.kind, message=event.text, context=list(event.context))
     out["text"] = event.line.text
     return out
+
+
+def _timing_to_json(timing: PhaseTiming) -> dict[str, Any]:
+    """One phase row: phase, seconds, source; "capture" and "gib" only when known."""
+    row: dict[str, Any] = {"phase": timing.phase.value}
+    if timing.capture is not None:
+        row["capture"] = timing.capture
+    row.update(seconds=timing.seconds, source=timing.source)
+    if timing.gib is not None:
+        row["gib"] = round(timing.gib, 3)
+    return row
 
 
 def summary_to_json(summary: LogSummary) -> dict[str, Any]:
@@ -265,10 +368,7 @@ def summary_to_json(summary: LogSummary) -> dict[str, Any]:
         "backend": summary.backend,
         "ready": summary.ready,
         "ready_seconds": summary.ready_seconds,
-        "phases": [
-            {"phase": timing.phase.value, "seconds": timing.seconds, "source": timing.source}
-            for timing in summary.phases
-        ],
+        "phases": [_timing_to_json(timing) for timing in summary.phases],
         "tps_series": [
             {"timestamp": sample.timestamp, "gen_tps": sample.gen_tps, "accept_len": sample.accept_len}
             for sample in summary.tps_series

@@ -19,6 +19,7 @@ Profile TOML schema (every key; anything else is an error naming the file and th
     env         {str=str}  extra environment of the server   default: {}
     sim_state   str        state folder of the simulated host (relative: to the profile's folder)
                                                              default: unset (the simulator decides)
+    ready_timeout int      seconds a relaunch waits for READY  default: 600 (the CLI's --ready-timeout)
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
                 typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.
@@ -65,7 +66,7 @@ import platformdirs
 
 import app
 from app.core.flags.catalog import FlagSpec
-from app.core.flags.toggles import sync_draft_tokens
+from app.core.flags.toggles import default_toggles, merge_toggles, sync_draft_tokens
 from app.core.flags.values import FlagError, lookup_flag, parse_json_scalar, parse_value, set_flag, unknown_flag_message
 from app.core.profiles.schema import RESERVED_FLAGS, ProfileReader
 from app.core.profiles.types import Profile, ProfileError
@@ -76,14 +77,23 @@ from app.core.profiles.types import Profile, ProfileError
 def load_profile(path: Path) -> Profile:
     """Read and validate one profile file. Raises ProfileError naming the file, the key and the fix."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+        raw = Path(path).read_bytes()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ProfileError(f"{path}: cannot read the profile: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ProfileError(f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                           "save the profile as UTF-8") from None
     return parse_profile(text, Path(path))
 
 
 def parse_profile(text: str, source: Path) -> Profile:
     """Validate TOML `text` as the profile file `source`."""
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ProfileError(f"{source}:{line}: a NUL byte; a profile is TOML text, remove it")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -94,6 +104,8 @@ def parse_profile(text: str, source: Path) -> Profile:
             raise ProfileError(f"{source}:{where[1]}:{where[2]}: invalid TOML: {detail} "
                                f"(line {where[1]}, column {where[2]})") from None
         raise ProfileError(f"{source}: invalid TOML: {message}") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: invalid TOML: arrays or tables nested too deeply") from None
     return ProfileReader(source).read(data)
 
 
@@ -214,3 +226,10 @@ def _reserved_value(spec: FlagSpec, text: str, where: str) -> Any:
     if spec.name != "port" and not str(value).strip():
         raise ProfileError(f"--set {where}: the model cannot be empty")
     return value
+
+
+def for_server_version(profile: Profile, version: str | None) -> Profile:
+    """The profile with its built-in toggles rendered for the server `version` in front of it (discovery found
+    it); the profile's own [toggles] entries stay as written, and its flags are never rewritten."""
+    toggles = merge_toggles(default_toggles(profile.backend, version), profile.own_toggles)
+    return profile if toggles == profile.toggles else replace(profile, toggles=toggles)

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from app.core.data import BACKENDS, FlagValue, one_of
 from app.core.flags.catalog import FlagSpec
-from app.core.flags.toggles import Toggle, default_toggles, flip
+from app.core.flags.toggles import Toggle, default_toggles, flip, merge_toggles
 from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
 from app.core.profiles.types import BenchSettings, Profile, ProfileError
 
@@ -37,7 +37,7 @@ class ProfileReader:
     """Validates the parsed TOML of one file; every error names `source`."""
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
-                "sim_state", "flags", "toggles", "bench", *CUSTOM_KEYS)
+                "sim_state", "sim_version", "ready_timeout", "flags", "toggles", "bench", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -61,6 +61,9 @@ class ProfileReader:
         raise self.fail(prefix + key, f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
 
     def read(self, data: dict[str, Any]) -> Profile:
+        nul_at = _nul_key(data)
+        if nul_at is not None:
+            raise self.fail(nul_at, "contains a NUL character (\\u0000); remove it")
         self.unknown_keys(data, self.TOP_KEYS, "")
         if "backend" not in data:
             raise self.fail("backend", "missing; every profile needs backend and model")
@@ -86,8 +89,12 @@ class ProfileReader:
         if host in ("local", "sim"):  # paths on this machine: ${VAR}, ${VAR:-default} and ~ expanded
             python, model = self.expand_local("python", python), self.expand_local("model", model)
         sim_state = got.get("sim_state")
+        own_toggles = self.toggles(got.get("toggles", {}), backend)
+        ready_timeout = got.get("ready_timeout", 600)
+        if ready_timeout < 1:
+            raise self.fail("ready_timeout", f"expected seconds to wait for READY (1 or more), got {ready_timeout}")
         return Profile(
-            name=got.get("name", self.source.stem),
+            name=self.name(got),
             source=self.source,
             host=host,
             backend=backend,
@@ -97,10 +104,13 @@ class ProfileReader:
             gpus=self.gpus(got["gpus"]) if "gpus" in got else _default_gpus(flags),
             env=self.env(got.get("env", {})),
             flags=flags,
-            toggles=self.toggles(got.get("toggles", {}), backend),
+            toggles=merge_toggles(default_toggles(backend), own_toggles),
+            own_toggles=own_toggles,
+            ready_timeout_s=float(ready_timeout),
             bench=self.bench(got.get("bench", {})),
             module=module,
             sim_state=self.sim_state(sim_state) if sim_state is not None else None,
+            sim_version=got.get("sim_version", ""),
             description=got.get("description", ""),
             **custom,
         )
@@ -136,6 +146,8 @@ class ProfileReader:
                 raise self.fail("ready_regex", f"not a valid regular expression: {exc}") from None
         if health_url and not health_url.startswith(("http://", "https://")):
             raise self.fail("health_url", f"expected an http:// or https:// URL, got {health_url!r}")
+        if health_url and not _port_ok(health_url.replace("{port}", "1")):
+            raise self.fail("health_url", f"the port in {health_url!r} is not 1-65535")
         templates = [(f"command[{i}]", item) for i, item in enumerate(command)] + [("health_url", health_url)]
         for where, text in templates:
             for name in PLACEHOLDER.findall(text):
@@ -162,16 +174,30 @@ class ProfileReader:
         expanded = _ENV_VAR.sub(var, text)
         return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
 
+    def name(self, got: Mapping[str, Any]) -> str:
+        """The profile's name (default: the file name): a simple identifier, since job and log files are named
+        after it."""
+        if "name" in got:
+            name = got["name"]
+            if not SIMPLE_NAME.fullmatch(name):
+                raise self.fail("name", f"expected a simple name (letters, digits, '.', '_', '-'; 64 at most, not "
+                                f"starting with '.', '_' or '-'), got {name!r}")
+            return str(name)
+        stem = self.source.stem
+        if not SIMPLE_NAME.fullmatch(stem):
+            raise self.fail("name", f"the file name {stem!r} is not a simple name (letters, digits, '.', '_', '-'; "
+                            "64 at most); rename the file or set name = \"...\"")
+        return stem
+
     def host(self, host: str) -> str:
         if host in ("sim", "local"):
             return host
         if host.startswith("ssh://"):
             try:
                 parts = urlsplit(host)
-                port_ok = parts.port is None or parts.port > 0
-            except ValueError:
-                port_ok = False
-            if parts.hostname and port_ok and parts.path in ("", "/") and not parts.query:
+            except ValueError:  # e.g. an unclosed [IPv6 address
+                parts = None
+            if parts and parts.hostname and _port_ok(host) and parts.path in ("", "/") and not parts.query:
                 return host
             raise self.fail("host", f"cannot read {host!r}; write ssh://user@host:port (user and port optional)")
         if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
@@ -223,19 +249,20 @@ class ProfileReader:
             raise self.fail(key, unknown_flag_message(backend, bare))
         return spec
 
-    def toggles(self, table: dict[str, Any], backend: str) -> tuple[Toggle, ...]:
-        merged = {toggle.key: toggle for toggle in default_toggles(backend)}
+    def toggles(self, table: dict[str, Any], backend: str) -> tuple[tuple[str, Toggle | None], ...]:
+        """The profile's own [toggles] entries, in order: (key, toggle), or (key, None) for `key = false`."""
+        own: list[tuple[str, Toggle | None]] = []
         for key, entry in table.items():
             where = f"toggles.{key}"
             if len(key) != 1 or not key.isprintable() or key.isspace():
                 raise self.fail(where, "a toggle's key is one character, e.g. [toggles.s]")
             if entry is False:
-                merged.pop(key, None)
+                own.append((key, None))
                 continue
             if not isinstance(entry, dict):
                 raise self.fail(where, f"expected a table (or false to remove it), got {_describe(entry)}")
-            merged[key] = self.toggle(key, entry, backend)
-        return tuple(merged.values())
+            own.append((key, self.toggle(key, entry, backend)))
+        return tuple(own)
 
     def toggle(self, key: str, entry: dict[str, Any], backend: str) -> Toggle:
         where = f"toggles.{key}"
@@ -319,9 +346,43 @@ class ProfileReader:
         return BenchSettings(**values)
 
 
+SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""What a profile's name may be: it names the job record and log files on the host."""
+
+
+def _port_ok(url: str) -> bool:
+    """Whether `url` has no port or a port 1-65535."""
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # not a number, or out of 0-65535
+        return False
+    return port is None or port > 0
+
+
+def _nul_key(value: Any, where: str = "") -> str | None:
+    """The dotted key of the first key or string value that holds a NUL (TOML allows \\u0000), else None."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{where}.{key}" if where else str(key)
+            if "\0" in key:
+                return here.replace("\0", "\\0")
+            found = _nul_key(item, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _nul_key(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    elif isinstance(value, str) and "\0" in value:
+        return where
+    return None
+
+
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
                                "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
+                               "sim_version": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
                                "ready_regex": str, "health_url": str}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}

@@ -41,15 +41,20 @@ class Profile:
     gpus: tuple[int, ...]
     env: dict[str, str]
     flags: dict[str, FlagValue]
-    toggles: tuple[Toggle, ...]
+    toggles: tuple[Toggle, ...]  # the built-in toggles for the server's version, with own_toggles on top
     bench: BenchSettings = field(default_factory=BenchSettings)
     module: str = ""
     sim_state: Path | None = None
+    sim_version: str = ""  # the simulated SGLang's version (host = "sim"); checked by app.connect
     description: str = ""
     # backend = "custom" only (app.core.profiles.loading's docstring): the argv template and the ready signal.
     command: tuple[str, ...] = ()
     ready_regex: str = ""
     health_url: str = ""
+    # the profile's own [toggles] entries ((key, None) removes a built-in one), kept so that the toggles can be
+    # rebuilt for the server version discovery finds (app.core.profiles.loading.for_server_version)
+    own_toggles: tuple[tuple[str, Toggle | None], ...] = ()
+    ready_timeout_s: float = 600.0  # how long a relaunch waits for READY (the CLI's --ready-timeout default)
 
     def toggle(self, key: str) -> Toggle | None:
         """The toggle bound to `key`, if any."""
