@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.data import GpuProcess, GpuSample, GpuSnapshot
-from app.core.hosts.base import CommandResult, Host, SpawnedProcess
+from app.core.hosts.base import CommandResult, Host, HostIdentity, LeaderMismatch, LeaderProof, SpawnedProcess
 from app.core.hosts.procfs import ProcessInfo, parse_stat_line
 
 
@@ -81,7 +81,8 @@ class InMemoryHost(CommandOnlyHost):
     A launch (spawn_detached) adds a live group with an empty log; the test appends the server's log lines
     (append_log), ends the group on its own (exit_group: a crash) and says which ports are taken. A signal
     is recorded in `signals`; it ends the group unless the group ignores it (`ignored_signals`, SIGTERM for
-    a server that hangs on shutdown). `follow` yields a log's lines as they are appended.
+    a server that hangs on shutdown). `follow` yields a log's lines as they are appended. A group's environment
+    is what its launch passed (its TUNEDASH_JOB tag included); `environs` gives other pids one (GPU holders).
     """
 
     taken_ports: set[int] = field(default_factory=set)
@@ -91,6 +92,8 @@ class InMemoryHost(CommandOnlyHost):
     groups: dict[int, FakeGroup] = field(default_factory=dict)
     signals: list[tuple[int, int]] = field(default_factory=list)
     next_pid: int = 48921
+    identity: HostIdentity = field(default_factory=lambda: HostIdentity("0d5e5c1e-fake-boot", "gpu-box"))
+    environs: dict[int, dict[str, str]] = field(default_factory=dict)
 
     async def spawn_detached(
         self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None, cwd: str | None = None
@@ -119,12 +122,35 @@ class InMemoryHost(CommandOnlyHost):
             group.alive = False
         return True
 
+    async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:
+        group = self.groups.get(proof.pgid)
+        if group is None or not group.alive:
+            return False
+        name, _, value = proof.env_line.partition("=")
+        if group.start_time != proof.start_time or group.env.get(name) != value:
+            raise LeaderMismatch(f"{self.name}: pid {proof.pid} is not the job's leader")
+        return await self.signal_group(proof.pgid, signal_number)
+
     async def processes(self) -> list[ProcessInfo]:
         return [
             ProcessInfo(group.pgid, 1, group.pgid, "S", Path(group.argv[0]).name, group.start_time)
             for group in self.groups.values()
             if group.alive
         ]
+
+    async def boot_identity(self) -> HostIdentity:
+        return self.identity
+
+    async def environ_value(self, pid: int, name: str) -> str | None:
+        group = self.groups.get(pid)
+        if group is not None and group.alive:
+            return group.env.get(name, "")
+        environ = self.environs.get(pid)
+        return None if environ is None else environ.get(name, "")
+
+    async def find_env(self, line: str) -> list[int]:
+        name, _, value = line.partition("=")
+        return sorted(g.pgid for g in self.groups.values() if g.alive and g.env.get(name) == value)
 
     async def port_in_use(self, port: int) -> bool:
         return port in self.taken_ports
@@ -139,6 +165,12 @@ class InMemoryHost(CommandOnlyHost):
 
     async def remove(self, path: str) -> None:
         self.files.pop(path, None)
+
+    async def create_exclusive(self, path: str, text: str) -> bool:
+        if path in self.files:
+            return False
+        self.files[path] = text
+        return True
 
     async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
         sent = 0 if from_start else len(self.logs.get(path, []))

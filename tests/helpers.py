@@ -54,5 +54,5 @@ def kill_launched(sim_state: Path) -> None:
     for record_file in jobs_dir.glob("*.json") if jobs_dir.exists() else []:
         try:
             os.killpg(json.loads(record_file.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, KeyError, ValueError):
+        except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):  # TypeError: no pgid yet
             pass

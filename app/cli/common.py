@@ -10,6 +10,7 @@ forbids the command (already running, nothing running); 3 the GPUs stay held; 4 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine
@@ -21,6 +22,7 @@ from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host, HostError
 from app.core.profiles.loading import apply_overrides, resolve_profile
 from app.core.profiles.types import Profile, ProfileError
+from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverLock
 from app.core.server.events import ActionLogged, LifecycleEvent, StateChanged
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import telemetry_for
@@ -42,6 +44,7 @@ EXIT_FOR_REASON: dict[Reason, int] = {
     Reason.PORT_IN_USE: EXIT_START_FAILED,
     Reason.START_FAILED: EXIT_START_FAILED,
     Reason.NO_TOKENS: EXIT_START_FAILED,
+    Reason.DRIVEN_ELSEWHERE: EXIT_BAD_INPUT,
 }
 EXIT_FOR_STATE: dict[ServerState, int] = {ServerState.READY: EXIT_OK, ServerState.FREE: EXIT_OK,
                                           ServerState.STOPPED: EXIT_OK, ServerState.STUCK: EXIT_GPUS_HELD}
@@ -93,14 +96,44 @@ def open_host(profile: Profile) -> Host:
     return host
 
 
+_held: list[tuple[DriverLock, asyncio.Task[None]]] = []
+
+
 async def run_command(command: Coroutine[Any, Any, int]) -> int:
-    """Run one async command, then close the hosts it opened (an SSH connection ends before the exit)."""
+    """Run one async command, then give back the driver locks it took and close the hosts it opened (an SSH
+    connection ends before the exit)."""
     try:
         return await command
     finally:
+        while _held:
+            lock, beating = _held.pop()
+            beating.cancel()
+            with contextlib.suppress(Exception):
+                await lock.release()
         while _opened:
             with contextlib.suppress(Exception):
                 await _opened.pop().close()
+
+
+async def drive(lifecycle: ServerLifecycle, args: argparse.Namespace, command: str) -> None:
+    """Take the profile's driver lock for this command (app.core.server.driver): refused with DrivenElsewhere
+    while another live session drives, unless --take-over; held with a heartbeat until the command ends, and
+    checked right before every signal and launch."""
+    lock = DriverLock(lifecycle.host, lifecycle.profile, "cli")
+    verdict = await lock.acquire(take_over=bool(getattr(args, "take_over", False)), command=command)
+    if verdict.readonly:
+        raise DrivenElsewhere(verdict.message.replace("read-only: ", f"{command} refused: ", 1))
+    if verdict.level == "warning" and not getattr(args, "json", False):
+        say(verdict.message)
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            with contextlib.suppress(HostError, OSError):
+                await lock.heartbeat()
+
+    _held.append((lock, asyncio.create_task(beat())))
+    lifecycle.before_act = lock.check
 
 
 def narrator(json_mode: bool) -> Callable[[LifecycleEvent], None]:
@@ -132,3 +165,9 @@ def lifecycle_for(profile: Profile, host: Host, args: argparse.Namespace) -> Ser
     )
     lifecycle.subscribe(narrator(getattr(args, "json", False)))
     return lifecycle
+
+
+def with_take_over(p: argparse.ArgumentParser) -> None:
+    """--take-over on a command that signals or launches (its driver lock: `drive`)."""
+    p.add_argument("--take-over", action="store_true",
+                   help="act although another session drives this server (it turns read-only; both logs say so)")

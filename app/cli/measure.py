@@ -25,14 +25,17 @@ from app.cli.common import (
     EXIT_OK,
     EXIT_START_FAILED,
     CliError,
+    drive,
     exit_code,
     lifecycle_for,
     load_profile,
     open_host,
     say,
+    with_take_over,
 )
 from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
 from app.core.errors import Reason
+from app.core.flags.discovery import discover_flags
 from app.core.hosts.base import Host
 from app.core.logs.parser import LogParser
 from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts
@@ -51,6 +54,7 @@ from app.core.measure.probe import probe_loop
 from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import bench_rows, experiment_text, export_run, text_table
 from app.core.measure.store import HistoryStore, StoreError
+from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 
@@ -102,7 +106,7 @@ async def cmd_bench(args: argparse.Namespace) -> int:
             f"no ready server of {profile.name} answers on port {profile.port} of {host.name} "
             f"({health.status or health.error}); start it with `tunedash launch {args.profile} --wait`",
             Reason.NOT_RUNNING)
-    record = await jobs.load_job(host, profile.name)
+    record = await jobs.load_job(host, profile)
 
     def follow_log(feed: Callable[[object], None]) -> Callable[[], None]:
         """The server's log from its end, parsed, into the acceptance meter (until the bench ends)."""
@@ -157,6 +161,10 @@ async def cmd_ab(args: argparse.Namespace) -> int:
     host = open_host(profile)
     quiet = args.json or args.md
     lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": quiet}))  # quiet: no narration
+    # an arm whose flags the installed server rejects fails before its relaunch kills anything
+    lifecycle.server_flags = await discover_flags(host, profile.backend, profile.python, profile.module,
+                                                  launch_env(profile))
+    await drive(lifecycle, args, "ab")
 
     def on_progress(p: ExperimentProgress) -> None:
         if quiet or p.kind in ("request", "done"):
@@ -263,7 +271,7 @@ def _median(values: list[float]) -> float | None:
 async def cmd_probe(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     host = open_host(profile)
-    record = await jobs.load_job(host, profile.name)
+    record = await jobs.load_job(host, profile)
     if record is None or not await jobs.job_members(host, record):
         raise CliError(f"{profile.name}: no server of this profile is running on {host.name}; "
                        f"start it with `tunedash launch {args.profile} --wait`", Reason.NOT_RUNNING)
@@ -381,6 +389,7 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each arm's server")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between arms")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    with_take_over(p)
     _bench_options(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")

@@ -1,26 +1,24 @@
 """`tunedash trust HOST`: show an SSH host's key fingerprint and add it to known_hosts (asks y/N; --yes).
 
-HOST is a profile (name or file) whose host is SSH, `ssh://user@host:port`, or an ~/.ssh/config alias. A key
-that differs from the one known_hosts holds is refused: remove the old line first (the message says how).
+HOST is a profile (name or file) whose host is SSH, `ssh://user@host:port`, or an ~/.ssh/config alias. The
+host is reached as the connection reaches it (HostName, Port, User, ProxyJump from ~/.ssh/config), and the
+line is written for the name OpenSSH looks up (HostKeyAlias, else the HostName; `[name]:port` off port 22)
+into the first UserKnownHostsFile (default ~/.ssh/known_hosts). A jump host that is not trusted yet is
+refused with its own fingerprint and `tunedash trust JUMPHOST`. A key that differs from the one known_hosts
+holds is refused: remove the old line first (the message names the file and line and says how).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 from typing import Any
 
 from app.cli.common import EXIT_BAD_INPUT, EXIT_OK
 from app.core.hosts.base import HostError
-from app.core.hosts.ssh_trust import (
-    SshTarget,
-    add_known_host,
-    changed_message,
-    connect_options,
-    inspect_host_key,
-)
+from app.core.hosts.ssh_options import ALIAS, SshTarget, settings_for
+from app.core.hosts.ssh_trust import add_known_host, changed_message, inspect_host_key
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.types import ProfileError
 
@@ -31,7 +29,7 @@ def _spec(name: str) -> str:
     try:
         host = resolve_profile(name).host
     except ProfileError:
-        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        if ALIAS.fullmatch(name):
             return name  # an ssh config alias
         raise
     if host in ("sim", "local"):
@@ -41,13 +39,13 @@ def _spec(name: str) -> str:
 
 async def cmd_trust(args: argparse.Namespace) -> int:
     spec = _spec(args.host)
-    target = SshTarget.parse(spec)
-    request = await inspect_host_key(target, connect_options(target, {}))
+    settings = await asyncio.to_thread(settings_for, SshTarget.parse(spec), {})
+    request = await inspect_host_key(settings)
     print(f"{request.host} presents the host key {request.fingerprint}", flush=True)
     if request.status == "trusted":
         print(f"already trusted in {request.known_hosts_file}")
         return EXIT_OK
-    if request.status == "changed":
+    if request.status in ("changed", "revoked"):
         print(f"tunedash: {changed_message(request)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not args.yes:

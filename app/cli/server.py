@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +22,22 @@ from app.cli.common import (
     EXIT_START_FAILED,
     EXIT_UNREADABLE,
     CliError,
+    drive,
     lifecycle_for,
     load_profile,
     open_host,
     say,
+    with_take_over,
 )
 from app.core.data import ServerState
-from app.core.flags.discovery import discover_flags, spec_accepted
-from app.core.flags.values import catalog
+from app.core.flags.discovery import discover_flags, rejection_message, spec_accepted
+from app.core.flags.toggles import apply_toggle
+from app.core.flags.values import FlagError, catalog
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
-from app.core.profiles.render import launch_env
-from app.core.profiles.types import Profile, ProfileError
+from app.core.profiles.loading import for_server_version
+from app.core.profiles.render import launch_argv, launch_env
+from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.status import inspect_job, status_to_json
@@ -89,11 +95,60 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
     return EXIT_OK if snapshot.error is None else EXIT_UNREADABLE
 
 
-async def cmd_launch(args: argparse.Namespace) -> int:
+async def _prepared(args: argparse.Namespace) -> tuple[Profile, ServerLifecycle]:
+    """The profile as it would launch, for the server version installed on its host: discovery first (cached),
+    the built-in toggles rendered for that version, then each --toggle KEY pressed as the dashboard's key
+    would; the lifecycle refuses a flag the version rejects before anything is killed or launched."""
     profile = load_profile(args)
     host = open_host(profile)
-    await refuse_rejected_flags(profile, host)  # a flag the installed server rejects (app.core.flags.discovery)
+    found = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile))
+    if found.known:
+        profile = for_server_version(profile, found.version)
+    profile = press_toggles(profile, getattr(args, "toggle", None) or [])
     lifecycle = lifecycle_for(profile, host, args)
+    lifecycle.server_flags = found
+    return profile, lifecycle
+
+
+def press_toggles(profile: Profile, keys: list[str]) -> Profile:
+    """The profile after pressing each toggle key in turn (as the dashboard's keys do to the pending flags)."""
+    flags = dict(profile.flags)
+    for key in keys:
+        toggle = profile.toggle(key)
+        if toggle is None:
+            known = " ".join(t.key for t in profile.toggles) or "none"
+            raise CliError(f"--toggle {key}: {profile.name} has no toggle {key!r} (its toggles: {known})")
+        try:
+            flags = apply_toggle(flags, toggle)
+        except FlagError as exc:
+            raise CliError(f"--toggle {key}: {exc}") from None
+    return replace(profile, flags=flags)
+
+
+def _dry_run(profile: Profile, lifecycle: ServerLifecycle, args: argparse.Namespace) -> int:
+    """Print what would run (argv and environment) and touch nothing; exit 2 when the server would refuse it."""
+    argv, env = launch_argv(profile), launch_env(profile)
+    found = lifecycle.server_flags
+    refusal = rejection_message(found, profile.flags, str(profile.source)) if found is not None else None
+    if args.json:
+        say(json.dumps({"argv": argv, "env": env, "server": found.describe() if found and found.known else None,
+                        "refused": refusal}, indent=2))
+    else:
+        say(shlex.join(argv))
+        for name, value in sorted(env.items()):
+            say(f"  env {name}={value}")
+        if found is not None and found.known:
+            say(f"  for {found.describe()}")
+        if refusal:
+            print(f"tunedash: {refusal}", file=sys.stderr)
+    return EXIT_BAD_INPUT if refusal else EXIT_OK
+
+
+async def cmd_launch(args: argparse.Namespace) -> int:
+    profile, lifecycle = await _prepared(args)
+    if args.dry_run:
+        return _dry_run(profile, lifecycle, args)
+    await drive(lifecycle, args, "launch")
     record = await lifecycle.launch()
     if not args.wait:
         if args.json:
@@ -149,6 +204,7 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     host = open_host(profile)
     lifecycle = lifecycle_for(profile, host, args)
+    await drive(lifecycle, args, "kill")
     verdict = await lifecycle.kill(confirm_free=args.confirm_free)
     if verdict is not None and not verdict.confirmed:
         return EXIT_GPUS_HELD
@@ -159,7 +215,7 @@ async def cmd_free(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     host = open_host(profile)
     lifecycle = lifecycle_for(profile, host, args)
-    record = await jobs.load_job(host, profile.name)
+    record = await jobs.load_job(host, profile)
     verdict = await lifecycle.confirm_free(record)
     if args.json:
         say(json.dumps({"free": verdict.confirmed, "used_mib": verdict.used_mib,
@@ -168,10 +224,10 @@ async def cmd_free(args: argparse.Namespace) -> int:
 
 
 async def cmd_relaunch(args: argparse.Namespace) -> int:
-    profile = load_profile(args)
-    host = open_host(profile)
-    await refuse_rejected_flags(profile, host)  # before the kill: a doomed relaunch keeps the server
-    lifecycle = lifecycle_for(profile, host, args)
+    profile, lifecycle = await _prepared(args)
+    if args.dry_run:
+        return _dry_run(profile, lifecycle, args)
+    await drive(lifecycle, args, "relaunch")
     state = await lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout)
     await lifecycle.close()
     args.timeout = args.ready_timeout
@@ -225,19 +281,16 @@ async def cmd_flags(args: argparse.Namespace) -> int:
     return EXIT_BAD_INPUT if in_profile else EXIT_OK
 
 
-async def refuse_rejected_flags(profile: Profile, host: Host) -> None:
-    """Raise ProfileError when the profile sets a flag the installed server rejects (unknown: let it pass)."""
-    found = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile))
-    specs = catalog(profile.backend)
-    for name in profile.flags:
-        if name in specs and found.accepts(specs[name]) is False:
-            raise ProfileError(f"{profile.source}: flags.{name}: the installed {found.describe()} does not accept "
-                               f"--{name}; remove it from the profile (or --unset {name})")
-
-
-
-
 # ---- registration --------------------------------------------------------------------------------
+def _launch_options(p: argparse.ArgumentParser, with_overrides: Any) -> None:
+    """What `launch` and `relaunch` share: --take-over, --set/--unset, --toggle, --dry-run."""
+    with_take_over(p)
+    with_overrides(p)
+    p.add_argument("--toggle", action="append", metavar="KEY",
+                   help="press a toggle key (s, g, o, ...) as the dashboard would, for the installed version")
+    p.add_argument("--dry-run", action="store_true", help="print the argv and env that would run; touch nothing")
+
+
 def register(sub: Any, with_overrides: Any) -> None:
     """Add the server commands to the `tunedash` subparsers (app.cli.main calls this)."""
     p = sub.add_parser("gpus", help="one GPU snapshot (this machine, or a profile's host)")
@@ -248,7 +301,7 @@ def register(sub: Any, with_overrides: Any) -> None:
 
     p = sub.add_parser("launch", help="launch the profile's server detached")
     p.add_argument("profile")
-    with_overrides(p)
+    _launch_options(p, with_overrides)
     p.add_argument("--wait", action="store_true", help="wait until ready (exit 4 if it crashes)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready")
     p.add_argument("--json", action="store_true")
@@ -261,6 +314,7 @@ def register(sub: Any, with_overrides: Any) -> None:
 
     p = sub.add_parser("kill", help="SIGTERM, grace, SIGKILL the server's process group")
     p.add_argument("profile")
+    with_take_over(p)
     p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
@@ -274,7 +328,7 @@ def register(sub: Any, with_overrides: Any) -> None:
 
     p = sub.add_parser("relaunch", help="kill -> confirm free -> launch -> ready, timing each phase")
     p.add_argument("profile")
-    with_overrides(p)
+    _launch_options(p, with_overrides)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for ready")
     p.add_argument("--grace", type=float, default=15.0)

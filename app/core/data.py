@@ -22,9 +22,9 @@ ConnectionState = Literal["connected", "lost", "reconnecting", "failed"]
 EventLevel = Literal["info", "warning", "error"]
 """How much an event-log line matters."""
 
-JobOutcome = Literal["running", "ready", "crashed", "killed"]
-"""How a launch recorded in a job file went so far: started, ready, died on its own, or killed by us.
-Spelled so in the job record's JSON."""
+JobOutcome = Literal["running", "ready", "crashed", "killed", "launching"]
+"""How a launch recorded in a job file went so far: started, ready, died on its own, or killed by us; "launching"
+is the record written before the spawn (its tag, no pid yet). Spelled so in the job record's JSON."""
 JOB_OUTCOMES: tuple[JobOutcome, ...] = get_args(JobOutcome)
 
 _Named = TypeVar("_Named", bound=str)
@@ -77,12 +77,15 @@ class Holder:
     pid: int | None
     name: str
     used_mib: int | None
+    # whose it is, when asked (jobs.with_owners): "this job's (tagged)", "not tunedash's", ...; "" not asked
+    owner: str = field(default="", compare=False)
 
     def describe(self) -> str:
         mib = "? MiB" if self.used_mib is None else f"{self.used_mib} MiB"
         if self.pid is None:
             return f"GPU{self.gpu}: {mib} held, no visible process"
-        return f"GPU{self.gpu}: pid {self.pid} {self.name} {mib}"
+        whose = f" ({self.owner})" if self.owner else ""
+        return f"GPU{self.gpu}: pid {self.pid} {self.name} {mib}{whose}"
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,21 @@ class LogLine:
     text: str  # the line with ANSI colour stripped
 
 
+LOG_LINE_MAX = 64 * 1024
+"""The longest log line kept (characters; bytes where it is read from a file): the rest is cut where lines enter
+(LocalHost.follow, app.core.logs.parser.read_log_lines and LogParser.feed) and LOG_LINE_CUT marks the cut."""
+
+LOG_LINE_CUT = " ... [line cut at 64 KiB]"
+
+
+def cap_log_line(text: str) -> str:
+    """`text` cut to LOG_LINE_MAX characters, with LOG_LINE_CUT after the cut; unchanged when it fits or was cut
+    already (a line cut where it was read is not cut again where it is parsed)."""
+    if len(text) <= LOG_LINE_MAX or (text.endswith(LOG_LINE_CUT) and len(text) <= LOG_LINE_MAX + len(LOG_LINE_CUT)):
+        return text
+    return text[:LOG_LINE_MAX] + LOG_LINE_CUT
+
+
 @dataclass(frozen=True)
 class PhaseEvent:
     """A startup phase began or ended. `seconds` is the backend's own elapsed figure when it prints one."""
@@ -203,6 +221,35 @@ class DecodeStats:
 
 
 @dataclass(frozen=True)
+class PrefillStats:
+    """One SGLang "Prefill batch" line: the prompt tokens it took in, and whether the prefill graph ran."""
+
+    input_tps: float | None  # "input throughput (token/s)"; None on releases that do not print it
+    line: LogLine
+    new_seqs: int | None = None
+    new_tokens: int | None = None
+    cached_tokens: int | None = None
+    running: int | None = None
+    queued: int | None = None
+    token_usage: float | None = None
+    cuda_graph: bool | None = None  # the prefill (piecewise/breakable) graph served this batch
+    timestamp: str | None = None  # the log's own timestamp text
+
+
+@dataclass(frozen=True)
+class ServerCapacity:
+    """What a started SGLang server can hold (its "max_total_num_tokens=..." line), GiB as SGLang prints "GB"."""
+
+    max_total_tokens: int
+    line: LogLine
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+    available_gib: float | None = None  # device memory left after weights, pools and graphs
+
+
+@dataclass(frozen=True)
 class SpecDecodeStats:
     """vLLM "SpecDecoding metrics" line."""
 
@@ -221,19 +268,20 @@ class Notice:
     kind: str  # "auto_disabled" | "auto_adjusted" | "deprecation" | "warning"
     text: str
     line: LogLine
+    feature: str | None = None  # what it is about, when known: "prefill_cuda_graph" | "cuda_graph"
 
 
 @dataclass(frozen=True)
 class FatalEvent:
     """The server failed: OOM, port in use, a traceback. `context` holds the lines around it."""
 
-    kind: str  # "oom" | "port_in_use" | "traceback" | "child_failed" | "error"
+    kind: str  # "oom" | "port_in_use" | "traceback" | "child_failed" | "child_crashed" | "error"
     text: str
     line: LogLine
     context: tuple[str, ...] = ()
 
 
-LogEvent = PhaseEvent | ReadyEvent | DecodeStats | SpecDecodeStats | Notice | FatalEvent
+LogEvent = PhaseEvent | ReadyEvent | DecodeStats | PrefillStats | SpecDecodeStats | ServerCapacity | Notice | FatalEvent
 
 
 @dataclass(frozen=True)

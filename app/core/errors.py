@@ -20,6 +20,7 @@ class Reason(StrEnum):
     PORT_IN_USE = "port_in_use"  # another process listens on the profile's port
     START_FAILED = "start_failed"  # the server crashed or did not become ready
     NO_TOKENS = "no_tokens"  # a measurement finished no request
+    DRIVEN_ELSEWHERE = "driven_elsewhere"  # another live session holds the server's driver lock
 
 
 class TunedashError(Exception):

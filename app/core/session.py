@@ -1,5 +1,8 @@
 """Session: everything one dashboard shows about one profile's server, and the commands it can give.
 
+Over 450 lines: it is the one owner of a dashboard's server (docs/architecture.md#who-owns-what), so the wiring
+of every feed and command meets here; each job it wires lives in its own module (server/, measure/, flags/).
+
 The Session owns the lifecycle, a GPU telemetry stream, the throughput series (from the server's log
 and from the probe client), the relaunch markers, the event log (kept across relaunches), the server
 log lines, and the pending flags (what the next relaunch will use). The TUI reads its fields at a
@@ -27,16 +30,17 @@ from app.core.data import (
     SpecDecodeStats,
     ThroughputPoint,
 )
-from app.core.flags.discovery import ServerFlags, discover_flags
+from app.core.flags.discovery import ServerFlags, discover_flags, rejection_message
 from app.core.flags.toggles import Toggle, apply_toggle, toggle_value
 from app.core.flags.values import FlagError, set_flag
 from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.measure.http_probes import server_info
 from app.core.measure.metrics import MetricsPoller, MetricsRate
-from app.core.measure.probe import probe_loop
+from app.core.measure.probe import ProbeStatus, probe_loop
+from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import describe_change, flag_diff, launch_argv, launch_env
 from app.core.profiles.types import Profile
-from app.core.server import driver, jobs
+from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverLock
 from app.core.server.events import (
     ActionLogged,
     Launched,
@@ -48,6 +52,8 @@ from app.core.server.events import (
 )
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
+from app.core.server.release import FreeProgress
+from app.core.server.states import STARTING_STATES
 from app.core.telemetry.smi import Telemetry, telemetry_for
 
 
@@ -75,18 +81,23 @@ class Session:
         self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
-        self.readonly = readonly
+        self.readonly = readonly  # no command may signal or launch: asked for, or another session drives
+        self.watch_only = readonly  # asked for (--readonly): never takes the driver lock
+        self.driver = DriverLock(host, profile, "dashboard")
         self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
         self.sample_period_ms = sample_period_ms
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
+        self.lifecycle.before_act = self._before_act
         self.snapshot: GpuSnapshot | None = None
+        self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
         self.throughput: deque[ThroughputPoint] = deque(maxlen=4000)
         self.markers: list[RelaunchMarker] = []
         self.events: deque[ActionLogged] = deque(maxlen=2000)
         self.log_lines: deque[str] = deque(maxlen=5000)
         self.server_version: str | None = None
         self.probe_wanted = probe
+        self.probe_status: ProbeStatus | None = None  # the probe's last state (running, failing, stopped)
         self.autolaunch = autolaunch and not readonly
         self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
@@ -122,7 +133,11 @@ class Session:
             self.connection = event
         elif isinstance(event, StateChanged):
             self._on_state(event.state)
-        elif isinstance(event, Launched):  # whoever launched (a key, an A/B arm): this is what runs now
+        elif isinstance(event, FreeProgress) and event.snapshot is not None:
+            self._adopt_release_sample(event.snapshot)
+        elif isinstance(event, Launched):  # whoever launched (a key, an A/B arm, a CLI): this is what runs now
+            if self.pending_flags == self.profile.flags:  # nothing pending: the new running flags, as on attach
+                self.pending_flags = dict(event.profile.flags)
             self.profile = event.profile
             self._follow_server_log(event.record.log_path)
         elif isinstance(event, ServerLogEvent):
@@ -173,30 +188,60 @@ class Session:
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
             self._follow_server_log(record.log_path)
-            await self._settle_driver(record)
-        elif self.autolaunch:
+        await self._settle_driver()
+        if record is None and self.autolaunch and not self.readonly:
             self._note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
         self.changed.set()
 
-    async def _settle_driver(self, record: jobs.JobRecord) -> None:
-        """Read-only when someone else drives (unless taking over); watch for someone taking over from us."""
-        me = jobs.who_am_i()
-        with contextlib.suppress(HostError):
-            verdict = await driver.settle_driver(
-                self.host, record, me, take_over=self.take_over and not self.readonly, profile=self.profile.name
-            )
-            self.readonly = self.readonly or verdict.readonly
+    async def _settle_driver(self) -> None:
+        """Take the driver lock (app.core.server.driver) unless watching only: read-only when another live
+        session holds it (unless taking over); then keep it alive and notice a take-over within HEARTBEAT_S."""
+        if self.watch_only:
+            self._spawn(self._keep_driving())  # follows what the driver launches; never takes the lock
+            return
+        try:
+            verdict = await self.driver.acquire(take_over=self.take_over)
+        except (HostError, OSError):  # the host's own error is in the event log already
+            self.readonly = True
+            self._note(f"the driver lock on {self.host.name} cannot be read: read-only until the host answers",
+                       "warning")
+        else:
+            self.readonly = verdict.readonly
             if verdict.message:
                 self._note(verdict.message, verdict.level)
-        if not self.readonly:
-            self._spawn(driver.watch_driver(self.host, self.profile.name, me, self._driver_taken))
+        self._spawn(self._keep_driving())
 
-    def _driver_taken(self, record: jobs.JobRecord) -> None:
-        self.readonly = True
-        if self.lifecycle.record is not None:  # so our own record writes keep the new driver
-            self.lifecycle.record.driver, self.lifecycle.record.driver_since = record.driver, record.driver_since
-        self._note(driver.taken_message(record), "warning")
+    async def _keep_driving(self) -> None:
+        """Every HEARTBEAT_S: renew the lock, or learn that someone took over; drive again once it is free."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            with contextlib.suppress(HostError, OSError):
+                if self.driver.held:
+                    taken = await self.driver.heartbeat()
+                    if taken is not None:
+                        self.readonly = True
+                        self._note(f"{taken} took over; this dashboard is now read-only", "warning")
+                        self.changed.set()
+                else:
+                    if self._command_task is None or self._command_task.done():
+                        await self.lifecycle.follow_record()  # the driver launched another server: show that one
+                    if not self.watch_only and await self.driver.holder() is None:
+                        verdict = await self.driver.acquire(take_over=False)
+                        if not verdict.readonly:
+                            self.readonly = False
+                            self._note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
+                            self.changed.set()
+
+    async def _before_act(self, what: str) -> None:
+        """Right before the lifecycle signals or launches: only while this session still drives."""
+        if self.watch_only:
+            raise ReadOnlyError(f"read-only session: {what} is disabled")
+        try:
+            await self.driver.check(what)
+        except DrivenElsewhere:
+            self.readonly = True
+            raise
 
     async def stop(self) -> None:
         """Stop watching and sampling. The server keeps running."""
@@ -205,13 +250,26 @@ class Session:
                 task.cancel()
         await self.lifecycle.close()
         with contextlib.suppress(Exception):
+            await self.driver.release()
+        with contextlib.suppress(Exception):
             await self.telemetry.close()
 
     async def _sample_gpus(self) -> None:
         async with contextlib.aclosing(self.telemetry.stream(self.sample_period_ms)) as snapshots:
             async for snapshot in snapshots:
+                if _lists_processes_before(snapshot, self._release_floor):
+                    continue  # older news than the sample that proved FREE (or STUCK): the panel keeps that one
                 self.snapshot = snapshot
                 self.changed.set()
+
+    def _adopt_release_sample(self, snapshot: GpuSnapshot) -> None:
+        """The release watcher's sample becomes the GPU panel's, so the panel shows what made the verdict (FREE,
+        STUCK) when the verdict shows; the dashboard's own samples take over once theirs are as new."""
+        if snapshot.error is not None or not snapshot.gpus:
+            return
+        self.snapshot = snapshot
+        self._release_floor = min((g.processes_taken_at or g.taken_at) for g in snapshot.gpus)
+        self.changed.set()
 
     def _follow_server_log(self, path: str) -> None:
         """Keep the log view's lines from this launch's log (one follower at a time)."""
@@ -252,15 +310,32 @@ class Session:
             self.changed.set()
 
         def on_error(message: str) -> None:
+            pass  # each failure counts in the probe's status; the event log hears of a run of them (on_status)
+
+        def on_status(status: ProbeStatus) -> None:
+            was = self.probe_status.state if self.probe_status is not None else "running"
+            self.probe_status = status
             connected = self.connection is None or self.connection.state == "connected"
-            if self.lifecycle.state == ServerState.READY and connected:  # an outage is said once, not per request
-                self._note(f"probe request failed: {message}", "warning")
+            if status.state == "failing" and connected:  # an outage of the host is said once, by the host
+                self._note(f"probe failing: {status.error} ({status.failures} in a row; next try in "
+                           f"{status.retry_in_s or 0:.0f} s)", "warning")
+            elif status.state == "running" and was == "failing":
+                self._note("probe answering again")
+            elif status.state == "stopped" and status.error:
+                self._note(f"probe stopped: {status.error}", "error")
+            self.changed.set()
 
         async def probe() -> None:
             base = await self.host.http_base(self.profile.port)  # a remote host forwards a local port
-            await probe_loop(base, self.profile.model, on_point, on_error)
+            await probe_loop(base, self.profile.model, on_point, on_error, on_status=on_status)
 
+        def ended(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is not None:  # e.g. the port forward could not open
+                on_status(ProbeStatus("stopped", error=str(task.exception()) or type(task.exception()).__name__))
+
+        self.probe_status = ProbeStatus("running")
         self._probe_task = asyncio.create_task(probe())
+        self._probe_task.add_done_callback(ended)
 
     def _stop_probe(self) -> None:
         if self._probe_task is not None:
@@ -294,9 +369,25 @@ class Session:
         found = await discover_flags(self.host, self.profile.backend, self.profile.python, self.profile.module,
                                      launch_env(self.profile))
         self.server_flags = found
+        self.lifecycle.server_flags = found
         if found.known and found.version:
             self.server_version = self.server_version or found.version
+            self._render_for_version(found)
         self.changed.set()
+
+    def _render_for_version(self, found: ServerFlags) -> None:
+        """The toggles in the flags of the version found; a flag of the profile (or pending) that this version
+        rejects is named with what replaces it, and never rewritten."""
+        before = {t.key: t.flags for t in self.profile.toggles}
+        self.profile = for_server_version(self.profile, found.version)
+        self.lifecycle.profile = for_server_version(self.lifecycle.profile, found.version)
+        changed = [t for t in self.profile.toggles if before.get(t.key) not in (None, t.flags)]
+        if changed:
+            keys = ", ".join(f"{t.key} = {' '.join('--' + f for f in t.flags)}" for t in changed)
+            self._note(f"{found.describe()}: keys render this version's flags ({keys})")
+        message = rejection_message(found, self.pending_flags, str(self.profile.source))
+        if message:
+            self._note(message.replace("; nothing was launched or killed", "; r refuses to launch it"), "warning")
 
     # ---- pending flags ---------------------------------------------------------------------------
     @property
@@ -357,13 +448,21 @@ class Session:
             raise ReadOnlyError(f"read-only session: {what} is disabled")
 
     def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
-        """Run one command at a time in the background; False when another is still running."""
+        """Run one command at a time in the background; False when another is still running. A kill is the
+        exception: it cancels the command in progress (a relaunch waiting for a server that never gets
+        ready) and then kills."""
         self._guard(name)
-        if self._command_task is not None and not self._command_task.done():
-            self._note(f"{self.busy} still in progress; {name} ignored", "warning")
+        previous = self._command_task if self._command_task is not None and not self._command_task.done() else None
+        if previous is not None and name != "kill":
+            self._note(f"{self.busy} still in progress; {name} ignored (k kills and cancels it)", "warning")
             return False
 
         async def runner() -> None:
+            if previous is not None:
+                self._note(f"{name}: cancelling the {self.busy} in progress", "warning")
+                previous.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await previous
             self.busy = name
             try:
                 await coro_factory()
@@ -403,12 +502,24 @@ class Session:
         self._stop_probe()
         self._note(f"relaunch: {change}")
         self.markers.append(RelaunchMarker(time.time(), change))
-        state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=ready_timeout_s)
+        timeout = new_profile.ready_timeout_s if ready_timeout_s is None else ready_timeout_s
+        state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=timeout)
         if state == ServerState.READY:
             parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.lifecycle.phase_times.items())
             self._note(f"relaunched with {change}: {parts}")
+        elif state in STARTING_STATES:
+            self._note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
+                       f"`ready_timeout` in {new_profile.source} waits longer", "warning")
         return state
 
     def _describe(self, old: Profile, new: Profile) -> str:
         changes = flag_diff(old.flags, new.flags)
         return ", ".join(describe_change(c, old.toggles) for c in changes) or "no change"
+
+
+def _lists_processes_before(snapshot: GpuSnapshot, floor: float) -> bool:
+    """Whether a sample's process lists were read before `floor` (a monotonic time)."""
+    if not floor or snapshot.error is not None or not snapshot.gpus:
+        return False
+    return any((g.processes_taken_at if g.processes_taken_at is not None else g.taken_at) < floor
+               for g in snapshot.gpus)

@@ -31,7 +31,7 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.tui.bench import BenchKeys
 from app.tui.commands import FlagCommands
-from app.tui.views import NO_GPUS, connection_note, latest_figures, server_view, toggle_rows
+from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
 from widgets import (
     ConfirmModal,
     DiffScreen,
@@ -185,7 +185,7 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             self._push_chart(now_wall)
             self._push_events()
             busy = f" · {session.busy}…" if session.busy else ""
-            probe = " · probe on" if session.probe_wanted else ""
+            probe = probe_note(session.probe_wanted, session.probe_status)
             base = "READ-ONLY" if session.readonly else session.profile.backend
             self.sub_title = f"{base}{probe}{busy}{connection_note(session.connection, now_wall)}"
 

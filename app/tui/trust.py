@@ -12,6 +12,7 @@ import asyncio
 from textual.app import App
 
 from app.core.hosts.base import Host
+from app.core.hosts.ssh_trust import TrustRequest
 from widgets.confirm_modal import ConfirmModal
 
 
@@ -19,9 +20,10 @@ def install_trust_prompt(app: App[None], host: Host) -> None:
     """Let `host` ask the person at `app` about an unknown host key."""
 
     async def ask(request: object) -> bool:
-        where = getattr(request, "host", host.name)
-        fingerprint = getattr(request, "fingerprint", "?")
-        file = getattr(request, "known_hosts_file", "~/.ssh/known_hosts")
+        if not isinstance(request, TrustRequest):
+            return False
+        where = request.host if not request.jump_for else f"{request.host}, the jump host to {request.jump_for}"
+        fingerprint, file = request.fingerprint, request.known_hosts_file
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
         def answered(result: bool | None) -> None:

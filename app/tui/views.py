@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from app.core.data import FlagValue, ServerState, ThroughputPoint
 from app.core.flags.toggles import toggle_value
 from app.core.hosts.base import ConnectionChanged
+from app.core.measure.probe import ProbeStatus
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleView
 from widgets import ServerView, ToggleRow
@@ -80,3 +81,14 @@ def latest_figures(points: Sequence[ThroughputPoint], now: float, window_s: floa
     if accept is not None:
         parts.append(f"accept {accept:.2f}")
     return " · ".join(parts)
+
+
+def probe_note(wanted: bool, status: ProbeStatus | None) -> str:
+    """The header's note on the probe: " · probe on", " · probe failing (3)", " · probe stopped", or ""."""
+    if not wanted:
+        return ""
+    if status is None or status.state == "running":
+        return " · probe on"
+    if status.state == "failing":
+        return f" · probe failing ({status.failures})"
+    return " · probe stopped" if status.error else " · probe on"

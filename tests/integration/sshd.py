@@ -4,7 +4,8 @@ One sshd per test session: throwaway host and user keys, a free port, `-f /dev/n
 UsePAM=no, StrictModes=no. As root it logs in a non-root user `tdtest` (created with useradd, password set to
 '*' so sshd does not call it locked) and lets that user traverse to this venv's python; as another user it
 logs in that same user. Skipped when /usr/sbin/sshd is absent. Import the fixtures into a test module:
-`from tests.integration.sshd import sshd, ssh_tmp  # noqa: F401`.
+`from tests.integration.sshd import sshd, ssh_tmp  # noqa: F401`. `running_sshd()` starts another one (a jump
+host, or a server a test may break), with its own keys and port.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class Sshd:
     client_key: Path
     known_hosts: Path  # trusts this sshd's host key
     host_line: str  # the known_hosts line for it
+
+    @property
+    def log(self) -> str:
+        """What sshd logged so far (each connection and login when started with log_level VERBOSE)."""
+        return (self.folder / "sshd.log").read_text(errors="replace")
 
     @property
     def spec(self) -> str:
@@ -126,8 +132,11 @@ def sshd_available() -> bool:
 
 
 @contextlib.contextmanager
-def running_sshd() -> Iterator[Sshd]:
-    """Start sshd on a free loopback port (and the test user); stop it and remove its files afterwards."""
+def running_sshd(log_level: str = "ERROR") -> Iterator[Sshd]:
+    """Start sshd on a free loopback port (and the test user); stop it and remove its files afterwards.
+
+    `log_level` VERBOSE makes sshd log each connection and login to `folder / "sshd.log"` (tests count them).
+    """
     user = _prepare_user()
     folder = Path(tempfile.mkdtemp(prefix="tunedash-sshd-"))
     folder.chmod(0o755)
@@ -143,7 +152,7 @@ def running_sshd() -> Iterator[Sshd]:
     options = {
         "HostKey": folder / "host_key", "Port": port, "ListenAddress": "127.0.0.1", "AuthorizedKeysFile": authorized,
         "StrictModes": "no", "UsePAM": "no", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
-        "PidFile": folder / "sshd.pid", "MaxSessions": 30, "MaxStartups": "100", "LogLevel": "ERROR",
+        "PidFile": folder / "sshd.pid", "MaxSessions": 30, "MaxStartups": "100", "LogLevel": log_level,
         "AllowUsers": user, "PermitUserEnvironment": "no",
     }
     argv = [str(SSHD), "-D", "-e", "-f", "/dev/null"] + [x for k, v in options.items() for x in ("-o", f"{k}={v}")]

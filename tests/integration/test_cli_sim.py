@@ -15,7 +15,7 @@ from tests.integration.conftest import tunedash
 
 
 def _record(sim_state: Path, name: str = "t") -> dict:
-    return json.loads((sim_state / "host" / "jobs" / f"{name}.json").read_text())
+    return json.loads(next((sim_state / "host" / "jobs").glob(f"{name}-*.json")).read_text())
 
 
 def test_launch_gpus_relaunch_kill(make_profile: MakeProfile, sim_state: Path) -> None:
@@ -89,7 +89,7 @@ def test_taken_port_is_refused_without_launching(make_profile: MakeProfile, sim_
         refused = tunedash("launch", str(profile), "--wait")
     assert refused.returncode == 4
     assert f"port {port}" in refused.stderr
-    assert not (sim_state / "host" / "jobs" / "t.json").exists()
+    assert not list((sim_state / "host" / "jobs").glob("t-*.json"))
 
 
 def test_a_second_process_reattaches(make_profile: MakeProfile, sim_state: Path) -> None:

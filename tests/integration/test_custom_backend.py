@@ -41,7 +41,7 @@ def custom_profile(tmp_path: Path, sim_state: Path) -> Iterator[WriteProfile]:
 
 
 def _record(sim_state: Path, name: str = "c") -> dict:
-    return json.loads((sim_state / "host" / "jobs" / f"{name}.json").read_text())
+    return json.loads(next((sim_state / "host" / "jobs").glob(f"{name}-*.json")).read_text())
 
 
 def _alive(pid: int) -> bool:

@@ -32,13 +32,16 @@ async def test_reattach_replays_state_but_marks_old_figures(tmp_path: Path) -> N
     profile = dataclasses.replace(resolve_profile("demo"), name="attach-test", gpus=())
     log = tmp_path / "server.log"
     log.write_text(OLD)
-    spawned = await host.spawn_detached(["sleep", "30"], log_path=str(tmp_path / "sleep.log"))
+    tag = jobs.new_tag()
+    spawned = await host.spawn_detached(["sleep", "30"], log_path=str(tmp_path / "sleep.log"), env={jobs.TAG_ENV: tag})
+    identity = await host.boot_identity()
     try:
         record = jobs.JobRecord(
             profile=profile.name, host="local", backend="sglang", model=profile.model, port=profile.port,
             argv=["sleep", "30"], flags={}, pid=spawned.pid, pgid=spawned.pgid, start_time=spawned.start_time,
             log_path=str(log), launched_by="someone@else", launched_at=time.time(), gpus=[],
-            phase_times={"ready": 41.3}, outcome="ready",
+            phase_times={"ready": 41.3}, outcome="ready", profile_file=jobs.profile_file_of(profile), tag=tag,
+            boot_id=identity.boot_id, hostname=identity.hostname,
         )
         await jobs.save_job(host, record)
         lifecycle = ServerLifecycle(host, profile, SmiTelemetry(host, ()))

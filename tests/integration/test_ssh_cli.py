@@ -37,10 +37,11 @@ def ssh_profile(sshd: Sshd, ssh_tmp: Path) -> Iterator[Callable[..., Path]]:  # 
     reset_state(state)
     open_to_all(state)
 
-    def make(name: str = "remote", steps: int = 1) -> Path:
+    def make(name: str = "remote", steps: int = 1, host: str | None = None) -> Path:
+        """The profile file; `host` (default: the sshd's ssh:// URL) may be an ~/.ssh/config alias."""
         path = ssh_tmp / f"{name}.toml"
         path.write_text(
-            f'name = "{name}"\nhost = "{sshd.spec}"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\n'
+            f'name = "{name}"\nhost = "{host or sshd.spec}"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\n'
             f'python = "{sys.executable}"\nmodule = "app.sim.sglang"\n'
             f'port = {free_port()}\ngpus = [0, 1]\nsim_state = "{state}"\n'
             'env = { TUNEDASH_SIM_STARTUP_S = "0.5" }\n'

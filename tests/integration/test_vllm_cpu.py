@@ -54,8 +54,7 @@ def vllm_profile(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TUNEDASH_DATA_DIR": str(tmp_path / "data"),
            "XDG_CONFIG_HOME": str(tmp_path / "config")}
     yield path, env
-    record = tmp_path / "state" / "tunedash" / "jobs" / "vllm-e2e.json"
-    if record.exists():
+    for record in (tmp_path / "state" / "tunedash" / "jobs").glob("vllm-e2e-*.json"):
         try:
             os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -68,7 +67,7 @@ def _run(env: dict[str, str], *args: str, timeout: float = 480) -> subprocess.Co
 
 
 def _record(env: dict[str, str]) -> dict:
-    return json.loads((Path(env["XDG_STATE_HOME"]) / "tunedash" / "jobs" / "vllm-e2e.json").read_text())
+    return json.loads(next((Path(env["XDG_STATE_HOME"]) / "tunedash" / "jobs").glob("vllm-e2e-*.json")).read_text())
 
 
 def _group_text(pgid: int) -> list[str]:

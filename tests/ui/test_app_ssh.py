@@ -144,7 +144,7 @@ async def test_dashboard_over_ssh_launch_probe_relaunch_reattach_kill(remote: Pr
         assert any(f"re-attached to pid {pid}" in t for t in event_texts(second))
         assert second.session.profile.flags["speculative-num-steps"] == 2
         await shows(pilot, second, "READY", f"pid {pid}", timeout=10)
-        assert not second.session.readonly  # the same person drives
+        assert not second.session.readonly  # the first dashboard quit and gave the driver lock back
 
         await pilot.press("k")
         assert isinstance(second.screen, ConfirmModal)

@@ -17,6 +17,7 @@ from app.core.errors import Reason
 from app.core.profiles.loading import parse_profile
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, StateChanged
+from app.core.server.jobs import job_path
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
 from app.core.server.release import FreeProgress
@@ -134,7 +135,7 @@ async def test_a_group_that_dies_while_loading_is_crashed_with_the_highest_ranke
     level, text = said(seen)[-1]
     assert level == "error" and text.startswith("server crashed while starting: ")
     assert lifecycle.view().crash_detail() == lifecycle.fatal.text
-    await until(lambda: '"outcome": "crashed"' in host.files.get(f"/state/jobs/{record.profile}.json", ""),
+    await until(lambda: '"outcome": "crashed"' in host.files.get(job_path(host, lifecycle.profile), ""),
                 "the crash in the job record")
 
 
@@ -183,7 +184,7 @@ async def test_memory_that_is_never_released_is_stuck_naming_the_holder(
     assert lifecycle.holders == (Holder(0, 4242, "python", 30000),)
     level, text = said(seen)[-1]
     assert level == "error" and text.startswith("GPUs still held after ")
-    assert text.endswith("GPU0: pid 4242 python 30000 MiB")
+    assert text.endswith("GPU0: pid 4242 python 30000 MiB (owner unknown: its environment cannot be read)")
 
 
 # ---- preflight refusals ---------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 
 from app.core.data import ConnectionState
-from app.core.hosts.procfs import ProcessInfo, is_group_member
+from app.core.hosts.procfs import ProcessInfo, group_alive_in
+from app.core.hosts.shell_scripts import ENV_VALUE_SCRIPT, FIND_ENV_SCRIPT, IDENTITY_SCRIPT, PROVEN_SIGNAL_SCRIPT
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,32 @@ class ConnectionChanged:
     since: float | None = None
 
 
+@dataclass(frozen=True)
+class HostIdentity:
+    """Which machine and which boot of it: a job record names both, so a record from another boot (its server
+    died with the reboot; its pid may now be anything) or from another host (an NFS home) is never trusted."""
+
+    boot_id: str  # /proc/sys/kernel/random/boot_id ("" when unreadable)
+    hostname: str  # uname -n
+
+
+@dataclass(frozen=True)
+class LeaderProof:
+    """What must still be true of a job's group leader right before its group is signalled: the same pid,
+    leading the same group, started at the same tick, with `env_line` (NAME=value) in its environment."""
+
+    pid: int
+    pgid: int
+    start_time: str
+    env_line: str
+
+
 class HostError(Exception):
     """A host could not do what was asked; the message names the host and says what to do."""
+
+
+class LeaderMismatch(HostError):
+    """The process at a job's leader pid is not the recorded leader (reused pid, no tag): nothing was signalled."""
 
 
 class Host(abc.ABC):
@@ -91,10 +116,58 @@ class Host(abc.ABC):
         """Every live process on the host (zombies included, with state "Z")."""
 
     async def group_alive(self, pgid: int, start_time: str) -> bool:
-        """True while process group `pgid` has a live (non-zombie) member that started no earlier than
-        `start_time` (the recorded leader's start time); the same answer as scanning `processes()`, which
-        is what this default does. Hosts override it with a cheaper check (the leader's own stat first)."""
-        return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
+        """True while the job's process group `pgid` lives: its leader (pid `pgid`) is the one recorded as
+        started at `start_time` (that pid as another process: gone), or, the leader gone, a live (non-zombie)
+        member started no earlier than it; the same answer as scanning `processes()` (procfs.group_alive_in),
+        which is what this default does. Hosts override it with a cheaper check (the leader's own stat first)."""
+        return group_alive_in(await self.processes(), pgid, start_time)
+
+    def own_pgid(self) -> int | None:
+        """tunedash's own process group on this host (never signalled); None where tunedash does not run there."""
+        return None
+
+    async def boot_identity(self) -> HostIdentity:
+        """This host's boot id and hostname."""
+        result = await self.run(["sh", "-c", IDENTITY_SCRIPT], timeout=30.0)
+        lines = result.stdout.splitlines()
+        boot_id = lines[0].strip() if lines else ""
+        return HostIdentity(boot_id, lines[1].strip() if len(lines) > 1 else "")
+
+    async def environ_value(self, pid: int, name: str) -> str | None:
+        """The value of `name` in the environment process `pid` started with: "" when it has none, None when
+        it cannot be read (the process is gone, or belongs to another user)."""
+        result = await self.run(["sh", "-c", ENV_VALUE_SCRIPT, "sh", str(int(pid)), name], timeout=30.0)
+        if result.returncode == 0:
+            return result.stdout.rstrip("\n")
+        return "" if result.returncode == 1 else None
+
+    async def find_env(self, line: str) -> list[int]:
+        """The pids of processes (readable by us) whose environment holds exactly `line` (NAME=value)."""
+        result = await self.run(["sh", "-c", FIND_ENV_SCRIPT, "sh", line], timeout=60.0)
+        pids = []
+        for path in result.stdout.splitlines():
+            parts = path.split("/")
+            if len(parts) == 4 and parts[2].isdigit():
+                pids.append(int(parts[2]))
+        return sorted(pids)
+
+    async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:
+        """Signal the group `proof.pgid` only if its leader is still exactly `proof` (checked on the host right
+        before the signal). False when the leader is gone; LeaderMismatch when the pid is another process."""
+        argv = [str(int(signal_number)), str(int(proof.pid)), str(int(proof.pgid)), proof.start_time, proof.env_line]
+        result = await self.run(["sh", "-c", PROVEN_SIGNAL_SCRIPT, "sh", *argv], timeout=30.0)
+        if result.returncode == 0:
+            return True
+        if result.returncode == 45:
+            return False
+        message = (result.stderr or result.stdout).strip()
+        if result.returncode == 46:
+            raise LeaderMismatch(f"{self.name}: pid {proof.pid} is no longer the job's leader; nothing was signalled")
+        if result.returncode == 47:
+            raise HostError(
+                f"{self.name}: not allowed to signal process group {proof.pgid} ({message}); it belongs to another user"
+            )
+        raise HostError(f"{self.name}: kill of group {proof.pgid} failed: {message or result.returncode}")
 
     @abc.abstractmethod
     async def port_in_use(self, port: int) -> bool:
@@ -106,11 +179,30 @@ class Host(abc.ABC):
 
     @abc.abstractmethod
     async def write_text(self, path: str, text: str) -> None:
-        """Write a file atomically, creating its folder."""
+        """Write a file atomically (a temporary file of its own, flushed to disk, renamed over the file),
+        creating its folder; a write cut short leaves the old file as it was."""
+
+    async def swap_text(self, path: str, text: str, *, expect: str | None) -> bool:
+        """Replace `path` with `text` only if it still holds `expect` (None: only if it does not exist); False
+        when it holds something else. Hosts do the compare and the rename under a lock on the file
+        (`<path>.lock`), so two writers never both win; this default (read, compare, write) is for hosts
+        with a single writer (tests)."""
+        if await self.read_text(path) != expect:
+            return False
+        await self.write_text(path, text)
+        return True
 
     @abc.abstractmethod
     async def remove(self, path: str) -> None:
         """Remove a file if it exists."""
+
+    async def create_exclusive(self, path: str, text: str) -> bool:
+        """Create `path` holding `text` unless it exists (O_EXCL, the shell's noclobber): True when this call
+        created it. Two callers racing for one path: exactly one gets True. Its folder is created as needed."""
+        folder = path.rsplit("/", 1)[0] if "/" in path else "."
+        script = 'mkdir -p -- "$1" && set -C && printf "%s" "$3" > "$2"'
+        result = await self.run(["sh", "-c", script, "sh", folder, path, text], timeout=30.0)
+        return result.returncode == 0
 
     @abc.abstractmethod
     def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:

@@ -1,38 +1,36 @@
-"""LocalHost: the host interface on this machine, through asyncio subprocesses and /proc."""
+"""LocalHost: the host interface on this machine, through asyncio subprocesses and /proc.
+
+Over 450 lines: one implementation of the whole Host interface (commands, streams, files, signals, follow).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 
 import platformdirs
 
-from app.core.hosts.base import CommandResult, Host, HostError, SpawnedProcess
-from app.core.hosts.procfs import ProcessInfo, is_group_member, listening_ports, parse_stat_line
+from app.core.data import LOG_LINE_CUT, LOG_LINE_MAX
+from app.core.hosts.base import (
+    CommandResult,
+    Host,
+    HostError,
+    HostIdentity,
+    LeaderMismatch,
+    LeaderProof,
+    SpawnedProcess,
+)
+from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
+from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, leader_says_alive, listening_ports, parse_stat_line
 
-# Starts argv in a new session, detached from us, with stdin from /dev/null and output appended to
-# the log. argv travels as positional parameters, so no value is ever interpreted by the shell.
-# The backgrounded `setsid` is not a group leader, so it does not fork: `$!` is the job's pid,
-# process group id and session id at once.
 FOLLOW_POLL_S = 0.05  # LocalHost.follow: the poll after new lines
 FOLLOW_IDLE_MAX_S = 0.2  # ... and the longest while the file is quiet
-DETACH_SCRIPT = 'log=$1; shift; setsid nohup "$@" >>"$log" 2>&1 </dev/null & echo $!'
-
-
-def detached_argv(argv: Sequence[str], log_path: str, env: Mapping[str, str] | None, cwd: str | None) -> list[str]:
-    """The argv of a `sh -c` that launches argv detached (shared by local and SSH hosts)."""
-    inner: list[str] = []
-    if env:
-        inner += ["env", *(f"{key}={value}" for key, value in env.items())]
-    inner += list(argv)
-    script = DETACH_SCRIPT if cwd is None else 'cd "$0" || exit 97; ' + DETACH_SCRIPT
-    head = ["sh", "-c", script] + ([cwd] if cwd is not None else ["sh"])
-    # With cwd, $0 is the folder and $1 the log; without, $0 is a placeholder.
-    return [*head, log_path, *inner]
 
 
 class LocalHost(Host):
@@ -58,17 +56,21 @@ class LocalHost(Host):
             merged.update(env)
         return merged
 
+    async def _start(self, argv: Sequence[str], env: Mapping[str, str] | None) -> asyncio.subprocess.Process:
+        """argv started with stdin from /dev/null and stdout, stderr piped (run and stream_lines)."""
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._env(env),
+        )
+
     async def run(
         self, argv: Sequence[str], *, timeout: float | None = 30.0, env: Mapping[str, str] | None = None
     ) -> CommandResult:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env(env),
-            )
+            proc = await self._start(argv, env)
         except FileNotFoundError:
             return CommandResult(tuple(argv), 127, "", f"sh: 1: {argv[0]}: not found\n")
         except PermissionError as exc:
@@ -94,13 +96,7 @@ class LocalHost(Host):
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
     ) -> AsyncGenerator[str, None]:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env(env),
-            )
+            proc = await self._start(argv, env)
         except FileNotFoundError:
             yield f"\x00stderr:sh: 1: {argv[0]}: not found"
             yield "\x00exit:127"
@@ -109,12 +105,17 @@ class LocalHost(Host):
 
         async def pump(stream: asyncio.StreamReader | None, prefix: str) -> None:
             assert stream is not None
-            while True:
-                raw = await stream.readline()
-                if not raw:
-                    break
-                await queue.put(prefix + raw.decode(errors="replace").rstrip("\r\n"))
-            await queue.put(None)
+            try:
+                while True:
+                    try:
+                        raw = await stream.readline()
+                    except ValueError:  # a line over the reader's limit (64 KiB): asyncio drops it; say so
+                        raw = LOG_LINE_CUT.strip().encode()
+                    if not raw:
+                        break
+                    await queue.put(prefix + raw.decode(errors="replace").rstrip("\r\n"))
+            finally:
+                await queue.put(None)  # the reader never waits on a pump that is gone
 
         pumps = [
             asyncio.create_task(pump(proc.stdout, "")),
@@ -152,26 +153,15 @@ class LocalHost(Host):
         cwd: str | None = None,
     ) -> SpawnedProcess:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        merged = dict(self._extra_env)
-        if env:
-            merged.update(env)
-        result = await self.run(detached_argv(argv, log_path, merged, cwd), timeout=10.0)
-        if result.returncode != 0 or not result.stdout.strip().isdigit():
-            raise HostError(
-                f"{self.name}: could not start `{argv[0]}` detached: {result.stderr.strip() or result.stdout}"
-            )
-        pid = int(result.stdout.strip())
-        # `$!` can be printed before the child's setsid() ran: wait (briefly) until it leads its own group,
-        # so that what we return is true at once (group_alive, signal_group on the pgid).
-        info = _read_stat(pid)
-        for _ in range(200):
-            if info is None or info.pgid == pid:
-                break
-            await asyncio.sleep(0.005)
-            info = _read_stat(pid)
-        return SpawnedProcess(pid=pid, pgid=pid, start_time=info.start_time if info else "")
+        # The detaching shell runs in the launch's environment too, so the job carries it (its TUNEDASH_JOB tag)
+        # from its first instant, not only once `env` has exec'd the server.
+        launch = {**self._extra_env, **(env or {})}
+        result = await self.run(detached_argv(argv, log_path, launch, cwd), timeout=10.0, env=env)
+        pid = detached_pid(self.name, argv, result)
+        return await as_group_leader(pid, _read_stat_now, reads=201, pause_s=0.005)  # in-line reads of /proc
 
     async def signal_group(self, pgid: int, signal_number: int) -> bool:
+        self._refuse_group(pgid)
         try:
             os.killpg(pgid, signal_number)
         except ProcessLookupError:
@@ -183,6 +173,43 @@ class LocalHost(Host):
             ) from exc
         return True
 
+    def _refuse_group(self, pgid: int) -> None:
+        """Never signal group 0 or 1 (kill(0) is our own group, kill(-1) every process we can reach) nor our own."""
+        if pgid <= 1 or pgid == os.getpgrp():
+            raise HostError(f"{self.name}: refusing to signal process group {pgid} (tunedash's own or the system's)")
+
+    def own_pgid(self) -> int | None:
+        return os.getpgrp()
+
+    async def boot_identity(self) -> HostIdentity:
+        try:
+            boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # noqa: ASYNC240 - a tiny /proc read
+        except OSError:
+            boot_id = ""
+        return HostIdentity(boot_id, os.uname().nodename)
+
+    async def environ_value(self, pid: int, name: str) -> str | None:
+        environ = _read_environ(pid)
+        return None if environ is None else environ.get(name, "")
+
+    async def find_env(self, line: str) -> list[int]:
+        return await asyncio.to_thread(_find_env, line)
+
+    async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:
+        """The leader through a pidfd (os.pidfd_open) where the platform has one: the descriptor is opened first
+        and the leader proven after, so the process signalled is the very one that was proven, even if its pid
+        were reused in between; the rest of the group by killpg, only after that proof."""
+        self._refuse_group(proof.pgid)
+        try:
+            return _signal_proven(proof, signal_number)
+        except LeaderMismatch as exc:
+            raise LeaderMismatch(f"{self.name}: {exc}") from None
+        except PermissionError as exc:
+            raise HostError(
+                f"{self.name}: not allowed to signal process group {proof.pgid} ({exc.strerror}); "
+                "it belongs to another user"
+            ) from exc
+
     async def processes(self) -> list[ProcessInfo]:
         return await asyncio.to_thread(_scan_proc)
 
@@ -191,16 +218,18 @@ class LocalHost(Host):
         the leader is gone or a zombie, kill(-pgid, 0) says whether any process is left in the group (no:
         dead); only then, orphaned children or zombies, the full /proc scan decides. Everything in-line:
         the reads take microseconds, far less than a thread hand-off."""
-        leader = _read_stat(pgid)
-        if leader is not None and is_group_member(leader, pgid, start_time):
-            return True
+        said = leader_says_alive(_read_stat(pgid), pgid, start_time)
+        if said is not None:
+            return said
+        if pgid <= 1:
+            return False
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             pass  # someone else's processes hold the group id: the scan below tells whose
-        return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
+        return await super().group_alive(pgid, start_time)  # the full scan
 
     async def port_in_use(self, port: int) -> bool:
         text = await asyncio.to_thread(_read_net_tcp)
@@ -213,14 +242,10 @@ class LocalHost(Host):
             return None
 
     async def write_text(self, path: str, text: str) -> None:
-        def write() -> None:
-            target = Path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            tmp.replace(target)
+        await asyncio.to_thread(_replace_file, Path(path), text, None, False)
 
-        await asyncio.to_thread(write)
+    async def swap_text(self, path: str, text: str, *, expect: str | None) -> bool:
+        return await asyncio.to_thread(_replace_file, Path(path), text, expect, True)
 
     async def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -230,12 +255,14 @@ class LocalHost(Host):
         """Poll the file; reopen it when it is replaced or truncated (like tail -F).
 
         The poll is 50 ms after a read that found lines and doubles while the file is quiet, up to
-        FOLLOW_IDLE_MAX_S (0.2 s): a busy log is read at once, an idle one costs 5 wake-ups a second."""
+        FOLLOW_IDLE_MAX_S (0.2 s): a busy log is read at once, an idle one costs 5 wake-ups a second. A line longer
+        than LOG_LINE_MAX bytes is cut there with LOG_LINE_CUT; the rest of it is read past, never held."""
         handle = None
         delay = FOLLOW_POLL_S
         inode = None
         position = 0
-        pending = ""
+        pending = b""  # the start of the line being read, LOG_LINE_MAX bytes at most
+        cutting = False  # that line passed LOG_LINE_MAX: the rest of it is dropped up to its newline
         try:
             while True:
                 if handle is None:
@@ -251,10 +278,15 @@ class LocalHost(Host):
                 chunk = handle.read(65536)
                 if chunk:
                     position += len(chunk)
-                    pending += chunk.decode(errors="replace")
-                    *lines, pending = pending.split("\n")
+                    *lines, rest = chunk.split(b"\n")
                     for line in lines:
-                        yield line.rstrip("\r")
+                        whole = pending if cutting else pending + line
+                        yield _followed_line(whole, cutting or len(whole) > LOG_LINE_MAX)
+                        pending, cutting = b"", False
+                    if not cutting:
+                        pending += rest
+                        if len(pending) > LOG_LINE_MAX:
+                            pending, cutting = pending[:LOG_LINE_MAX], True
                     delay = FOLLOW_POLL_S
                     continue
                 await asyncio.sleep(delay)
@@ -273,12 +305,134 @@ class LocalHost(Host):
                 handle.close()
 
 
+def _followed_line(data: bytes, cut: bool) -> str:
+    """One followed line as text: without its "\\r", cut to LOG_LINE_MAX bytes with LOG_LINE_CUT when `cut`."""
+    text = data[:LOG_LINE_MAX].decode(errors="replace").rstrip("\r")
+    return text + LOG_LINE_CUT if cut else text
+
+
 def _read_stat(pid: int) -> ProcessInfo | None:
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return parse_stat_line(handle.read())
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+
+
+async def _read_stat_now(pid: int) -> ProcessInfo | None:
+    """_read_stat, awaitable: the file is read in-line (microseconds), not in a thread."""
+    return _read_stat(pid)
+
+
+def _read_environ(pid: int) -> dict[str, str] | None:
+    """The environment process `pid` started with; None when it is gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    environ: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.decode(errors="replace").partition("=")
+        if sep:
+            environ.setdefault(name, value)
+    return environ
+
+
+def _find_env(line: str) -> list[int]:
+    wanted = line.encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                if wanted in handle.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _signal_proven(proof: LeaderProof, signal_number: int) -> bool:
+    """LocalHost.signal_proven_group in-line: open the leader's pidfd, prove it, signal it, then its group."""
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proof.pid)
+        except ProcessLookupError:
+            return False
+        except OSError:  # ENOSYS (an old kernel): fall back to the pid, proven the same way
+            pidfd = None
+    try:
+        leader = _read_stat(proof.pid)
+        if leader is None or leader.state == "Z":
+            return False
+        if not is_recorded_leader(leader, proof.pid, proof.pgid, proof.start_time):
+            raise LeaderMismatch(f"pid {proof.pid} is no longer the job's leader (started {leader.start_time}, "
+                                 f"group {leader.pgid}); nothing was signalled")
+        name, _, value = proof.env_line.partition("=")
+        environ = _read_environ(proof.pid)
+        if environ is None or environ.get(name) != value:
+            raise LeaderMismatch(f"pid {proof.pid} does not carry {name}={value} in its environment; "
+                                 "nothing was signalled")
+        if pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal_number)
+        try:
+            os.killpg(proof.pgid, signal_number)
+        except ProcessLookupError:
+            return pidfd is not None
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (/proc/self/status; 022 when it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def _replace_file(target: Path, text: str, expect: str | None, compare: bool) -> bool:
+    """Write `text` to a temporary file of its own beside `target`, fsync it, and rename it over `target`
+    (then fsync the folder). With `compare`, the rename happens under an flock on `<target>.lock` and only
+    if `target` still holds `expect` (None: does not exist); False otherwise and nothing changes."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text.encode())
+            out.flush()
+            os.fchmod(out.fileno(), 0o666 & ~_umask())
+            os.fsync(out.fileno())
+        if compare:
+            with open(f"{target}.lock", "a") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                try:
+                    current: str | None = target.read_text()
+                except FileNotFoundError:
+                    current = None
+                if current != expect:
+                    return False
+                os.replace(tmp_name, target)
+        else:
+            os.replace(tmp_name, target)
+        tmp_name = ""
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+        return True
+    finally:
+        if tmp_name:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
 
 
 def _scan_proc() -> list[ProcessInfo]:

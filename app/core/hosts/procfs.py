@@ -60,8 +60,36 @@ def start_ticks(value: str) -> int:
 
 def is_group_member(proc: ProcessInfo, pgid: int, start_time: str) -> bool:
     """A live (non-zombie) member of process group `pgid` that started no earlier than `start_time` (the
-    recorded leader's start; an older process in a reused group id is not ours)."""
-    return proc.pgid == pgid and proc.state != "Z" and start_ticks(proc.start_time) >= start_ticks(start_time)
+    recorded leader's start; an older process in a reused group id is not ours). An unreadable or empty
+    `start_time` matches nothing."""
+    recorded = start_ticks(start_time)
+    return recorded >= 0 and proc.pgid == pgid and proc.state != "Z" and start_ticks(proc.start_time) >= recorded
+
+
+def is_recorded_leader(proc: ProcessInfo, pid: int, pgid: int, start_time: str) -> bool:
+    """`proc` is exactly the recorded group leader: the same pid, leading the same group, started at the very
+    same tick (a live pid with another start time is a reused pid: not ours)."""
+    return proc.pid == pid and proc.pgid == pgid and bool(start_time) and proc.start_time == start_time
+
+
+def leader_says_alive(leader: ProcessInfo | None, pgid: int, start_time: str) -> bool | None:
+    """What the group leader's own stat line says of a job's group `pgid` (the leader's pid is the pgid):
+    True when it is the recorded leader and alive, False when that pid is now another process (the pid was
+    reused, so the group we launched is gone: a pid is not reused while its group lives), None when the
+    leader is gone or a zombie and only the group's other members can tell."""
+    if leader is None or leader.state == "Z":
+        return None
+    return is_recorded_leader(leader, pgid, pgid, start_time)
+
+
+def group_alive_in(processes: list[ProcessInfo], pgid: int, start_time: str) -> bool:
+    """Whether the job's group `pgid` (its leader recorded as started at `start_time`) lives in `processes`:
+    the leader's word first (leader_says_alive), else any live member no older than the recorded leader."""
+    leader = next((proc for proc in processes if proc.pid == pgid), None)
+    verdict = leader_says_alive(leader, pgid, start_time)
+    if verdict is not None:
+        return verdict
+    return any(is_group_member(proc, pgid, start_time) for proc in processes)
 
 
 def parse_stat_text(text: str) -> list[ProcessInfo]:

@@ -13,7 +13,9 @@ Connection loss: a supervisor task waits on the connection; when it closes unexp
 ConnectionChanged("lost"), retries with capped exponential backoff (1 s doubling to 30 s), and emits
 "connected" when back. While disconnected, every call fails at once with a HostError that says so (callers
 retry: telemetry yields error snapshots, the lifecycle keeps watching); `follow` waits and resumes where it
-was. A permanent failure (host key changed, permission denied) stops retrying and emits "failed".
+was. A permanent failure (host key unknown or changed, login refused) emits "failed" with the reason and
+ends the attempts of this host object. Every connection is opened by `ssh_trust.open_verified` with the
+options `ssh_options` reads from ~/.ssh/config, so the host-key check and the login agree.
 Detached servers never depend on the connection (setsid nohup), so a disconnect never touches them.
 
 HTTP to the server goes through a local port forward on the same connection, cached per remote port; the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import shlex
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -33,18 +36,17 @@ import asyncssh
 
 from app.core.data import ConnectionState
 from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, SpawnedProcess
-from app.core.hosts.local import detached_argv
-from app.core.hosts.procfs import ProcessInfo, is_group_member, listening_ports, parse_stat_line, parse_stat_text
+from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
+from app.core.hosts.procfs import ProcessInfo, leader_says_alive, listening_ports, parse_stat_line, parse_stat_text
+from app.core.hosts.shell_scripts import WRITE_SCRIPT
+from app.core.hosts.ssh_options import SshTarget, settings_for
 from app.core.hosts.ssh_trust import (
     HostKeyChanged,
     HostKeyUnknown,
-    SshTarget,
+    LoginRefused,
     TrustRequest,
     add_known_host,
-    changed_message,
-    connect_options,
-    inspect_host_key,
-    unknown_message,
+    open_verified,
 )
 
 # Run "$@" with stdin from /dev/null; a background `cat` holds the channel's stdin and, at its EOF (channel
@@ -52,12 +54,12 @@ from app.core.hosts.ssh_trust import (
 # keeps the channel open after the command exits.
 WATCHDOG = 'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM 0) >/dev/null 2>&1 </dev/null & exec "$@" </dev/null 3<&-'
 BACKOFF_S = (1.0, 30.0)
-PERMANENT = (asyncssh.PermissionDenied, asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed)
+FINAL = (HostKeyChanged, HostKeyUnknown, LoginRefused)  # a retry cannot fix these: "failed", no more attempts
 
 
 class SshHost(Host):
-    """A remote machine reached over SSH. `options` are extra asyncssh.connect arguments (tests pin
-    known_hosts files and client keys there); host-key checking can never be turned off."""
+    """A remote machine reached over SSH. `options`: asyncssh option values over ~/.ssh/config (tests pin
+    known_hosts files and client keys there); host-key checking is always on, agent forwarding and PTYs off."""
 
     is_local = False
 
@@ -112,31 +114,20 @@ class SshHost(Host):
             listener(event)
 
     async def _open(self) -> asyncssh.SSHClientConnection:
-        """One connection attempt; permanent problems become HostKeyChanged/HostKeyUnknown/HostError."""
-        kwargs = connect_options(self.target, self._options)
+        """One connection attempt (the config read afresh); an unknown key goes to the trust prompt if any.
+        Raises HostKeyChanged, HostKeyUnknown, LoginRefused or HostError."""
+        settings = await asyncio.to_thread(settings_for, self.target, self._options)
         try:
-            return await asyncssh.connect(self.target.host, **kwargs)
-        except asyncssh.HostKeyNotVerifiable:
-            request = await inspect_host_key(self.target, kwargs)
-            if request.status == "changed":
-                raise HostKeyChanged(changed_message(request)) from None
-            if request.status == "unknown" and self._trust_prompt is not None:
-                if await self._trust_prompt(request):
-                    add_known_host(request)
-                    return await self._open()
-                # The person said no: final for this host object (no retry asks again every second).
-                self._failed = HostKeyUnknown(unknown_message(request), request)
-                raise self._failed from None
-            if request.status == "trusted":  # the key is listed, so something else failed verification
-                raise HostError(f"{self.name}: the host key could not be verified (revoked or CA key?)") from None
-            raise HostKeyUnknown(unknown_message(request), request) from None
-        except asyncssh.PermissionDenied as exc:
-            raise HostError(
-                f"{self.name}: login refused ({exc.reason}); check the user and IdentityFile in ~/.ssh/config "
-                "or load your key into ssh-agent"
-            ) from None
-        except (asyncssh.Error, OSError, TimeoutError) as exc:
-            raise HostError(f"{self.name}: cannot connect ({type(exc).__name__}: {exc})") from None
+            return await open_verified(settings)
+        except HostKeyUnknown as exc:
+            if self._trust_prompt is None:
+                raise
+            if await self._trust_prompt(exc.request):
+                add_known_host(exc.request)
+                return await self._open()  # the next host of a ProxyJump chain may ask in turn
+            # The person said no: final for this host object (no retry asks again every second).
+            self._failed = exc
+            raise
 
     async def _connection(self) -> asyncssh.SSHClientConnection:
         if self._conn is not None:
@@ -157,8 +148,10 @@ class SshHost(Host):
             self._last_attempt = time.monotonic()
             try:
                 conn = await self._open()
-            except (HostKeyChanged, HostKeyUnknown) as exc:
+            except FINAL as exc:
                 self._last_error = exc
+                if isinstance(exc, LoginRefused):  # each try is a failed login on the host's books
+                    self._failed = exc
                 self._emit("failed", str(exc))
                 raise
             except HostError as exc:
@@ -197,8 +190,8 @@ class SshHost(Host):
                 await asyncio.sleep(delay)
                 try:
                     conn = await self._open()
-                except (HostKeyChanged, HostKeyUnknown, PermissionError) as exc:
-                    self._failed = exc if isinstance(exc, HostError) else HostError(str(exc))
+                except FINAL as exc:
+                    self._failed = exc
                     self._emit("failed", str(exc), lost_at)
                     self._connected.set()  # wake waiters so they see the failure
                     return
@@ -310,25 +303,20 @@ class SshHost(Host):
     ) -> SpawnedProcess:
         folder = log_path.rsplit("/", 1)[0] if "/" in log_path else "."
         await self.run(["mkdir", "-p", "--", folder], timeout=10.0)
-        merged = dict(self._extra_env)
-        if env:
-            merged.update(env)
-        result = await self.run(detached_argv(argv, log_path, merged, cwd), timeout=10.0, env={})
-        if result.returncode != 0 or not result.stdout.strip().isdigit():
-            raise HostError(
-                f"{self.name}: could not start `{argv[0]}` detached: {result.stderr.strip() or result.stdout}"
-            )
-        pid = int(result.stdout.strip())
-        info = None
-        for _ in range(20):  # `$!` can come before the child's setsid(): wait until it leads its group
-            stat = await self.run(["cat", f"/proc/{pid}/stat"], timeout=10.0)
-            info = parse_stat_line(stat.stdout) if stat.returncode == 0 else None
-            if info is None or info.pgid == pid:
-                break
-            await asyncio.sleep(0.01)
-        return SpawnedProcess(pid=pid, pgid=pid, start_time=info.start_time if info else "")
+        launch_env = {**self._extra_env, **(env or {})}
+        # env also on the detaching shell: the job carries it (its TUNEDASH_JOB tag) from its first instant
+        result = await self.run(detached_argv(argv, log_path, launch_env, cwd), timeout=10.0, env=dict(env or {}))
+        pid = detached_pid(self.name, argv, result)
+        return await as_group_leader(pid, self._read_stat, reads=20, pause_s=0.01)
+
+    async def _read_stat(self, pid: int) -> ProcessInfo | None:
+        """One process's stat line from the host; None when it is gone."""
+        stat = await self.run(["cat", f"/proc/{pid}/stat"], timeout=10.0)
+        return parse_stat_line(stat.stdout) if stat.returncode == 0 else None
 
     async def signal_group(self, pgid: int, signal_number: int) -> bool:
+        if pgid <= 1:  # kill(-1) is every process we can reach; group 0 the caller's own
+            raise HostError(f"{self.name}: refusing to signal process group {pgid}")
         # The shell's own kill (dash and bash both take `kill -N -PGID`; dash rejects `--`).
         result = await self.run(["sh", "-c", 'kill -"$1" "$2"', "sh", str(int(signal_number)), f"-{int(pgid)}"])
         if result.returncode == 0:
@@ -355,11 +343,12 @@ class SshHost(Host):
         result = await self.run(["sh", "-c", script, "sh", str(int(pgid))])
         lines = result.stdout.splitlines()
         leader = parse_stat_line(lines[0]) if lines and not lines[0].startswith("=") else None
-        if leader is not None and is_group_member(leader, pgid, start_time):
-            return True
+        said = leader_says_alive(leader, pgid, start_time)
+        if said is not None:
+            return said
         if "=group" not in lines:
             return False
-        return any(is_group_member(proc, pgid, start_time) for proc in await self.processes())
+        return await super().group_alive(pgid, start_time)  # the full scan
 
     async def port_in_use(self, port: int) -> bool:
         result = await self.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; exit 0"])
@@ -374,10 +363,21 @@ class SshHost(Host):
         return result.stdout
 
     async def write_text(self, path: str, text: str) -> None:
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"'
-        result = await self.run(["sh", "-c", script, "sh", path], input_text=text)
+        await self._write(path, text, "any")
+
+    async def swap_text(self, path: str, text: str, *, expect: str | None) -> bool:
+        expected = "absent" if expect is None else hashlib.sha256(expect.encode()).hexdigest()
+        return await self._write(path, text, expected)
+
+    async def _write(self, path: str, text: str, expect: str) -> bool:
+        """WRITE_SCRIPT on the host; False when a swap found other contents (49)."""
+        size = str(len(text.encode()))
+        result = await self.run(["sh", "-c", WRITE_SCRIPT, "sh", path, size, expect], input_text=text)
+        if result.returncode == 49:
+            return False
         if result.returncode != 0:
-            raise HostError(f"{self.name}: cannot write {path}: {result.stderr.strip()}")
+            raise HostError(f"{self.name}: cannot write {path}: {result.stderr.strip() or result.returncode}")
+        return True
 
     async def remove(self, path: str) -> None:
         await self.run(["rm", "-f", "--", path])
@@ -431,4 +431,4 @@ def _text(value: object) -> str:
     return str(value)
 
 
-__all__ = ["HostKeyChanged", "HostKeyUnknown", "SshHost", "TrustRequest", "add_known_host"]
+__all__ = ["HostKeyChanged", "HostKeyUnknown", "LoginRefused", "SshHost", "TrustRequest", "add_known_host"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from app.core.measure.client import RequestResult, stream_completion, synthetic_prompt
+from app.core.measure.client import STALL_TIMEOUT_S, RequestResult, stream_completion, synthetic_prompt
 from app.core.profiles.types import BenchSettings
 
 WORDS_PER_TOKEN = 0.75  # synthetic prompts: about 4 tokens per 3 words
@@ -207,11 +207,16 @@ async def run_bench(
     *,
     on_result: Callable[[int, RequestResult], None] | None = None,
     on_warmup_done: Callable[[], None] | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> BenchResult:
-    """Warm up (excluded), then send spec.requests requests at spec.concurrency; returns every result."""
+    """Warm up (excluded), then send spec.requests requests at spec.concurrency; returns every result.
+
+    A bad answer (an HTTP error, a broken chunk, a stream silent for `stall_timeout_s`) is an error result of its
+    kind (BenchSummary.error_kinds), never an exception out of the run.
+    """
     prompts = build_prompts(spec, spec.requests, offset=spec.warmup)
     connector = aiohttp.TCPConnector(limit=max(spec.concurrency, 1), force_close=False)
-    timeout = aiohttp.ClientTimeout(total=spec.timeout_s, sock_connect=5)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s, sock_connect=5, sock_read=stall_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if spec.warmup > 0:
             warm = replace(spec, requests=spec.warmup)

@@ -4,18 +4,23 @@ Tokens are counted from `usage.completion_tokens` (stream_options.include_usage)
 number of SSE chunks: speculative decoding sends several tokens per chunk. When a server sends no
 usage, the count falls back to the number of content chunks and the result says so (`usage_missing`;
 the summary warns). Per request: TTFT, inter-chunk latencies (ITL), TPOT = (latency - TTFT) /
-(tokens - 1), end-to-end latency, errors (counted and kept, never dropped).
+(tokens - 1), end-to-end latency, errors (counted and kept, never dropped). Every chunk is checked where it is
+read (read_chunk, chunk_text, meta_accept_len): a bad one ends its request as an error of its kind (BadChunk), a
+stream silent for STALL_TIMEOUT_S as a timeout, never an exception out of a benchmark.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 WORDS = [
     "tune",
@@ -81,6 +86,62 @@ class RequestResult:
         tpot = self.tpot_s
         return None if not tpot else 1.0 / tpot
 
+    def settle(
+        self, started: float, last_text_at: float | None, chunks: int, usage_tokens: int | None
+    ) -> RequestResult:
+        """Finish a stream that ended without an error, the same for both readers (client and probe).
+
+        Latency runs from `started` to the last chunk with text (to now when there was none); the tokens are the
+        stream's usage count, else the `chunks` (marked usage_missing); ok when there is at least one token.
+        """
+        self.latency_s = (last_text_at or time.monotonic()) - started
+        self.chunks = chunks
+        if usage_tokens is None:
+            self.usage_missing = True
+            self.output_tokens = chunks
+        else:
+            self.output_tokens = usage_tokens
+        self.ok = self.output_tokens > 0
+        if not self.ok and not self.error:
+            self.error = "no tokens in the answer"
+        return self
+
+
+class StreamFailed(Exception):
+    """The server answered a streaming request with an error: a status other than 200, or an error chunk.
+
+    The message is the text a RequestResult keeps as its `error`.
+    """
+
+
+class BadChunk(StreamFailed):
+    """An answer that breaks the streaming protocol (a chunk that is not a JSON object, a count that is not a
+    number, a line that is not UTF-8 or is too long). The message names the kind and never quotes the chunk, so a
+    benchmark's error kinds count each kind once."""
+
+
+MAX_SSE_LINE = 128 * 1024
+"""The longest SSE line either reader takes (bytes): a longer one is a bad answer, never held whole (the full
+client's aiohttp reader gives up at its buffer limit, 512 KiB by default, the probe at this size)."""
+
+LINE_TOO_LONG = f"bad answer: an SSE line over {MAX_SSE_LINE // 1024} KiB"
+NOT_UTF8 = "bad answer: a chunk that is not UTF-8"
+
+READ_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, StreamFailed)
+"""What ends a streamed request as an error result (the exception's text, else its type's name)."""
+
+STALL_TIMEOUT_S = 120.0
+"""A streamed request that receives no byte for this long (after its headers, too) ends as a timeout error."""
+
+
+async def check_status(response: aiohttp.ClientResponse) -> None:
+    """Raise StreamFailed for an answer other than 200, with the status and the start of its body."""
+    if response.status != 200:
+        start = b""
+        while len(start) < 1024 and (more := await response.content.read(1024 - len(start))):
+            start += more
+        raise StreamFailed(f"HTTP {response.status}: {start.decode(errors='replace')[:200]}")
+
 
 async def stream_completion(
     session: aiohttp.ClientSession,
@@ -118,31 +179,25 @@ async def stream_completion(
     usage_tokens = None
     try:
         async with session.post(url, json=body) as response:
-            if response.status != 200:
-                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
-                return result
-            async for raw in response.content:
-                line = raw.decode(errors="replace").strip()
+            await check_status(response)
+            async for raw in _lines(response.content):
+                try:
+                    line = raw.decode().strip()
+                except UnicodeDecodeError:
+                    raise BadChunk(NOT_UTF8) from None
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
+                chunk, tokens_so_far = read_chunk(payload)
+                if chunk is None:
                     continue
-                error, tokens_so_far = error_and_usage(chunk)
-                if error:
-                    result.error = error
-                    return result
                 if tokens_so_far is not None:
                     usage_tokens = tokens_so_far
-                meta = chunk.get("meta_info")
-                if isinstance(meta, dict) and meta.get("spec_verify_ct"):
-                    tokens = meta.get("completion_tokens") or usage_tokens
-                    if tokens:
-                        result.accept_len = float(tokens) / float(meta["spec_verify_ct"])
+                accept_len = meta_accept_len(chunk, usage_tokens)
+                if accept_len is not None:
+                    result.accept_len = accept_len
                 if chunk_text(chunk):
                     now = time.monotonic()
                     if result.ttft_s is None:
@@ -151,36 +206,122 @@ async def stream_completion(
                         result.itl_s.append(now - last)
                     last = now
                     chunks += 1
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except READ_ERRORS as exc:
         result.error = str(exc) or type(exc).__name__
         return result
-    result.latency_s = (last or time.monotonic()) - started
-    result.chunks = chunks
-    if usage_tokens is None:
-        result.usage_missing = True
-        result.output_tokens = chunks
-    else:
-        result.output_tokens = usage_tokens
-    result.ok = result.output_tokens > 0
-    if not result.ok and not result.error:
-        result.error = "no tokens in the answer"
-    return result
+    return result.settle(started, last, chunks, usage_tokens)
 
 
-def error_and_usage(chunk: dict[str, Any]) -> tuple[str, int | None]:
-    """An SSE chunk's error text ("" when none) and its usage.completion_tokens (None when absent)."""
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The body's lines; one longer than the reader's limit (aiohttp's LineTooLong, a ValueError before 3.10) is a
+    BadChunk, never an exception of its own."""
+    while True:
+        try:
+            line = await content.readline()
+        except (LineTooLong, ValueError):
+            raise BadChunk(LINE_TOO_LONG) from None
+        if not line:
+            return
+        if len(line) > MAX_SSE_LINE:
+            raise BadChunk(LINE_TOO_LONG)
+        yield line
+
+
+MAX_TOKENS_COUNT = 10**9
+"""More tokens than this in one answer is not a count but a broken server."""
+
+
+def read_chunk(payload: str | bytes) -> tuple[dict[str, Any] | None, int | None]:
+    """An SSE `data:` payload as (chunk, its usage.completion_tokens or None); (None, None) for an empty payload.
+
+    The one reading of a chunk's error and usage for both readers (client and probe), so they cannot drift on
+    what counts as a token or an error: an error chunk raises StreamFailed with the error's text; a payload that is
+    not UTF-8, not JSON, not a JSON object, or whose usage is not a count raises BadChunk naming the kind.
+    """
+    if isinstance(payload, bytes):
+        try:
+            payload = payload.decode()
+        except UnicodeDecodeError:
+            raise BadChunk(NOT_UTF8) from None
+    if not payload:
+        return None, None
+    try:
+        chunk = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise BadChunk("bad answer: a chunk that is not JSON") from None
+    if not isinstance(chunk, dict):
+        raise BadChunk("bad answer: a chunk that is not a JSON object")
     if "error" in chunk:
-        return str(chunk["error"])[:200], None
+        error = str(chunk["error"])[:200]
+        if error:
+            raise StreamFailed(error)
+        return chunk, None
     usage = chunk.get("usage")
-    if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-        return "", int(usage["completion_tokens"])
-    return "", None
+    if usage is None:
+        return chunk, None
+    if not isinstance(usage, dict):
+        raise BadChunk("bad answer: usage is not an object")
+    tokens = usage.get("completion_tokens")
+    if tokens is None:
+        return chunk, None
+    count = _count(tokens)
+    if count is None:
+        raise BadChunk("bad answer: usage.completion_tokens is not a token count")
+    return chunk, count
+
+
+def _count(value: object) -> int | None:
+    """A JSON number that is a whole count 0..MAX_TOKENS_COUNT (3 or 3.0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value <= MAX_TOKENS_COUNT else None
+
+
+def meta_accept_len(chunk: dict[str, Any], usage_tokens: int | None) -> float | None:
+    """SGLang's per-request acceptance length from meta_info (completion_tokens / spec_verify_ct), else None;
+    counts that are not numbers are a BadChunk."""
+    meta = chunk.get("meta_info")
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise BadChunk("bad answer: meta_info is not an object")
+    verify = meta.get("spec_verify_ct")
+    tokens = meta.get("completion_tokens")
+    for value in (verify, tokens):
+        if value is not None and _count(value) is None:
+            raise BadChunk("bad answer: a meta_info count is not a count")
+    if not verify:
+        return None
+    tokens = tokens or usage_tokens
+    return float(tokens) / float(verify) if tokens else None
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:
-    """The text an SSE chunk carries: its choices' `text` (completions) or `delta.content` (chat), joined."""
+    """The text an SSE chunk carries: its choices' `text` (completions) or `delta.content` (chat), joined.
+
+    Choices that are not a list of objects, or a text that is not a string, raise BadChunk.
+    """
+    choices = chunk.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise BadChunk("bad answer: choices is not a list")
     text = ""
-    for choice in chunk.get("choices") or []:
-        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise BadChunk("bad answer: a choice that is not an object")
+        piece = choice.get("text")
+        if not piece:
+            delta = choice.get("delta")
+            if delta is not None and not isinstance(delta, dict):
+                raise BadChunk("bad answer: a choice's delta is not an object")
+            piece = piece if delta is None or not delta.get("content") else delta["content"]
+        if piece is None:
+            continue
+        if not isinstance(piece, str):
+            raise BadChunk("bad answer: a choice's text is not a string")
+        text += piece
     return text
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""The most of a probe's answer that is read (/metrics, server info); a longer body counts as no answer."""
 
 
 @dataclass(frozen=True)
@@ -21,8 +26,42 @@ class Health:
     error: str = ""
 
 
+_Body = TypeVar("_Body")
+
+
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds)
+
+
+async def _get_ok(
+    url: str, timeout_s: float, read: Callable[[aiohttp.ClientResponse], Awaitable[_Body]]
+) -> _Body | None:
+    """GET url and `read` its body when it answers 200; None for another status or no answer.
+
+    What `read` raises beyond the transport's errors (a body that is not JSON) reaches the caller.
+    """
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=_timeout(timeout_s)) as session,
+            session.get(url) as response,
+        ):
+            if response.status != 200:
+                return None
+            return await read(response)
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+
+
+async def _capped_body(response: aiohttp.ClientResponse) -> bytes | None:
+    """The body, or None when it passes MAX_BODY_BYTES (read no further than that)."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.content.iter_any():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            return None
+        parts.append(part)
+    return b"".join(parts)
 
 
 async def check_health(base_url: str, timeout_s: float = 2.0) -> Health:
@@ -42,59 +81,65 @@ async def check_url(url: str, timeout_s: float = 2.0) -> Health:
 
 
 async def get_json(base_url: str, path: str, timeout_s: float = 3.0) -> dict[str, Any] | None:
-    """GET a JSON document; None when the server does not answer with JSON."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=_timeout(timeout_s)) as session,
-            session.get(f"{base_url}{path}") as response,
-        ):
-            if response.status != 200:
-                return None
-            data = await response.json(content_type=None)
-            return data if isinstance(data, dict) else None
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+    """GET a JSON object; None when the server does not answer with one (not JSON, not UTF-8, another type)."""
+    body = await _get_ok(f"{base_url}{path}", timeout_s, _capped_body)
+    if body is None:
         return None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 async def server_info(base_url: str, backend: str) -> dict[str, Any] | None:
-    """The server's own view of its settings: SGLang's resolved ServerArgs, vLLM's version."""
+    """The server's own view of its settings: SGLang's resolved ServerArgs, vLLM's version.
+
+    A `version` that is not a string is dropped (the header shows it as text).
+    """
     if backend == "sglang":
         info = await get_json(base_url, "/get_server_info")
-        return info if info is not None else await get_json(base_url, "/server_info")
-    return await get_json(base_url, "/version")
+        if info is None:
+            info = await get_json(base_url, "/server_info")
+    else:
+        info = await get_json(base_url, "/version")
+    if info is not None and not isinstance(info.get("version", ""), str):
+        del info["version"]
+    return info
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {name{labels}: value}; also sums series per bare name under `name`."""
+    return read_metrics(text)[0]
+
+
+def read_metrics(text: str) -> tuple[dict[str, float], int]:
+    """parse_metrics's values, and how many lines were skipped: not a sample line, or a value that is not a finite
+    number >= 0 (NaN, Inf, a negative count: every series tunedash reads is a count or a gauge of requests).
+    Comments and empty lines are not counted. A bare-name sum that overflows is dropped."""
     values: dict[str, float] = {}
+    skipped = 0
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         match = METRIC_LINE.match(line)
-        if not match:
-            continue
         try:
-            value = float(match["value"])
+            value = float(match["value"]) if match else math.nan
         except ValueError:
-            continue
-        if math.isnan(value):
+            value = math.nan
+        if not match or not math.isfinite(value) or value < 0:
+            skipped += 1
             continue
         name = match["name"]
         labels = match["labels"]
         if labels:
             values[f"{name}{{{labels}}}"] = value
         values[name] = values.get(name, 0.0) + value
-    return values
+    return {key: value for key, value in values.items() if math.isfinite(value)}, skipped
 
 
 async def scrape_metrics(base_url: str, timeout_s: float = 3.0) -> dict[str, float] | None:
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=_timeout(timeout_s)) as session,
-            session.get(f"{base_url}/metrics") as response,
-        ):
-            if response.status != 200:
-                return None
-            return parse_metrics(await response.text())
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
+    """One /metrics scrape (parse_metrics); None when it does not answer 200 within `timeout_s`, or the body is
+    over MAX_BODY_BYTES. Bytes that are not UTF-8 are replaced, so their lines are skipped as junk."""
+    body = await _get_ok(f"{base_url}/metrics", timeout_s, _capped_body)
+    return None if body is None else parse_metrics(body.decode(errors="replace"))

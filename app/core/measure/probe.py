@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
 from app.core.data import ThroughputPoint
-from app.core.measure.client import RequestResult, chunk_text, error_and_usage, synthetic_prompt
+from app.core.measure.client import (
+    LINE_TOO_LONG,
+    MAX_SSE_LINE,
+    READ_ERRORS,
+    BadChunk,
+    RequestResult,
+    StreamFailed,
+    check_status,
+    chunk_text,
+    read_chunk,
+    synthetic_prompt,
+)
 
 _PROBE_TAIL = 4
 """How many of a probe answer's last chunks are kept unparsed, to find the last one with text at the end."""
@@ -41,14 +52,16 @@ async def probe_completion(
     buffer = b""
     try:
         async with session.post(f"{base_url}/v1/completions", json=body) as response:
-            if response.status != 200:
-                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
-                return result
+            await check_status(response)
             done = False
             async for data in response.content.iter_any():
                 lines = (buffer + data).split(b"\n")
                 buffer = lines.pop()
+                if len(buffer) > MAX_SSE_LINE:
+                    raise BadChunk(LINE_TOO_LONG)
                 for raw in lines:
+                    if len(raw) > MAX_SSE_LINE:
+                        raise BadChunk(LINE_TOO_LONG)
                     line = raw.strip()
                     if not line.startswith(b"data:"):
                         continue
@@ -58,14 +71,9 @@ async def probe_completion(
                         done = True
                         break
                     if b'"error"' in payload or b'"completion_tokens"' in payload or first_at is None:
-                        try:
-                            chunk = json.loads(payload)
-                        except ValueError:
+                        chunk, tokens_so_far = read_chunk(payload)
+                        if chunk is None:
                             continue
-                        error, tokens_so_far = error_and_usage(chunk)
-                        if error:
-                            result.error = error
-                            return result
                         if tokens_so_far is not None:
                             usage_tokens = tokens_so_far
                             if not chunk_text(chunk):
@@ -79,31 +87,45 @@ async def probe_completion(
                     del tail[:-_PROBE_TAIL]
                 if done:
                     break
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except READ_ERRORS as exc:
         result.error = str(exc) or type(exc).__name__
         return result
     last_at = first_at
     for at, payload in reversed(tail):  # the newest chunk with text ends the decode window
         try:
-            if chunk_text(json.loads(payload)):
+            chunk, _ = read_chunk(payload)
+            if chunk is not None and chunk_text(chunk):
                 last_at = at
                 break
-        except ValueError:
-            pass
+        except StreamFailed as exc:
+            result.error = str(exc)
+            return result
         since_first -= 1
     if first_at is not None:
         result.ttft_s = first_at - started
-    result.latency_s = (last_at or time.monotonic()) - started
-    result.chunks = max(since_first, 0)
-    if usage_tokens is None:
-        result.usage_missing = True
-        result.output_tokens = result.chunks
-    else:
-        result.output_tokens = usage_tokens
-    result.ok = result.output_tokens > 0
-    if not result.ok and not result.error:
-        result.error = "no tokens in the answer"
-    return result
+    return result.settle(started, last_at, max(since_first, 0), usage_tokens)
+
+
+PROBE_FAILING_AFTER = 3
+"""Failed requests in a row after which the probe counts as failing (one failure is a blip, not news)."""
+
+PROBE_BACKOFF_S = (1.0, 30.0)
+"""The wait after a failed request: the first, doubled per failure in a row, up to the second."""
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    """Where the probe stands; probe_loop's `on_status` hears each change of `state`.
+
+    running: its last request gave a reading (or none failed yet); failing: `failures` requests in a row failed
+    (PROBE_FAILING_AFTER or more), the last with `error`, and the next try is in `retry_in_s`; stopped: the loop
+    ended, `error` says why ("" when it was cancelled, i.e. asked to stop).
+    """
+
+    state: str  # "running" | "failing" | "stopped"
+    failures: int = 0
+    error: str = ""
+    retry_in_s: float | None = None
 
 
 async def probe_loop(
@@ -117,6 +139,8 @@ async def probe_loop(
     seed: int = 0,
     min_decode_s: float = 0.5,
     max_growth: int = 8,
+    on_status: Callable[[ProbeStatus], None] | None = None,
+    stall_timeout_s: float = 30.0,
 ) -> None:
     """A continuous single stream; each finished request becomes a decode tok/s point. Runs until cancelled.
 
@@ -125,20 +149,54 @@ async def probe_loop(
     the rest of the answer then arrives in a burst (docs/decisions.md#probe-minimum-window). So a request whose
     decode window is under `min_decode_s` is not plotted, and the next one asks twice the tokens, up to
     `max_growth` x `max_tokens`; from then on every request counts (a server that fast makes stalls matter little).
+
+    A failed request (no answer, an HTTP error, a bad chunk, `stall_timeout_s` without a byte) goes to `on_error`
+    and the next one waits PROBE_BACKOFF_S, doubled per failure in a row; the loop never ends of a bad answer.
+    `on_status` hears each change of ProbeStatus.state: failing after PROBE_FAILING_AFTER failures in a row,
+    running again at the next reading, stopped when the loop ends.
     """
     prompt = synthetic_prompt(prompt_words, seed)
-    timeout = aiohttp.ClientTimeout(total=120, sock_connect=3)
+    timeout = aiohttp.ClientTimeout(total=120, sock_connect=3, sock_read=stall_timeout_s)
     tokens = max_tokens
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        while True:
-            result = await probe_completion(session, base_url, model, prompt, tokens)
-            if result.ok and result.decode_tps is not None:
-                window = (result.latency_s or 0.0) - (result.ttft_s or 0.0)
-                if window < min_decode_s and tokens < max_tokens * max_growth:
-                    tokens = min(tokens * 2, max_tokens * max_growth)
-                    continue
-                on_point(ThroughputPoint(time.time(), result.decode_tps, "probe"))
-            else:
-                on_error(result.error or "request failed")
-                await asyncio.sleep(1.0)
+    status = ProbeStatus("running")
 
+    def report(new: ProbeStatus) -> None:
+        nonlocal status
+        changed = new.state != status.state
+        status = new
+        if changed and on_status is not None:
+            on_status(new)
+
+    stopped_by = ""
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                try:
+                    result = await probe_completion(session, base_url, model, prompt, tokens)
+                except Exception as exc:  # no reader expects it: reported and retried, never a silent end
+                    result = RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:200])
+                if result.ok and result.decode_tps is not None:
+                    report(ProbeStatus("running"))
+                    window = (result.latency_s or 0.0) - (result.ttft_s or 0.0)
+                    if window < min_decode_s and tokens < max_tokens * max_growth:
+                        tokens = min(tokens * 2, max_tokens * max_growth)
+                        continue
+                    on_point(ThroughputPoint(time.time(), result.decode_tps, "probe"))
+                else:
+                    error = result.error or "request failed"
+                    failures = status.failures + 1
+                    first, cap = PROBE_BACKOFF_S
+                    wait = min(first * 2 ** min(failures - 1, 16), cap)
+                    on_error(error)
+                    if failures >= PROBE_FAILING_AFTER:
+                        report(ProbeStatus("failing", failures, error, wait))
+                    else:
+                        status = ProbeStatus(status.state, failures, error, wait)
+                    await asyncio.sleep(wait)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        stopped_by = f"{type(exc).__name__}: {exc}"[:200]
+        raise
+    finally:
+        report(ProbeStatus("stopped", status.failures, stopped_by))

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app.core.data import (
@@ -36,6 +37,7 @@ from app.core.data import (
     ServerState,
 )
 from app.core.errors import Reason
+from app.core.flags.discovery import ServerFlags, rejection_message
 from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
 from app.core.logs.parser import LogParser
 from app.core.measure.http_probes import check_url
@@ -52,7 +54,7 @@ from app.core.server.events import (
     ServerLogEvent,
     StateChanged,
 )
-from app.core.server.preflight import LaunchRefused, preflight
+from app.core.server.preflight import LaunchRefused, claim_launch, preflight
 from app.core.server.release import (
     FreeProgress,
     FreeWatch,
@@ -98,6 +100,10 @@ class ServerLifecycle:
         self.last_free: FreeVerdict | None = None
         self.last_decode: DecodeStats | None = None
         self.health_ok: bool | None = None
+        self.server_flags: ServerFlags | None = None  # what the installed server accepts, once discovered
+        self._interrupted_kill: tuple[jobs.JobRecord, float, bool] | None = None  # (record, SIGTERM at, confirm)
+        # called right before every signal and launch (the driver lock's check); raises to refuse
+        self.before_act: Callable[[str], Awaitable[None]] | None = None
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         self._replay_left = 0  # log lines that were already there when we re-attached
@@ -159,11 +165,15 @@ class ServerLifecycle:
             self._spawn(self._reattach_after_reconnect())
 
     async def _reattach_after_reconnect(self) -> None:
-        """The record may have changed while we were away (someone relaunched): follow whatever it names now."""
+        """The record may have changed while we were away (someone relaunched): follow whatever it names now.
+        A kill the lost connection interrupted resumes instead."""
+        if self._interrupted_kill is not None:
+            await self._resume_kill()
+            return
         if self.state in (ServerState.KILLING, ServerState.RELEASING):
             return
         with contextlib.suppress(HostError):
-            record = await jobs.load_job(self.host, self.profile.name)
+            record = await jobs.load_job(self.host, self.profile)
             same = record is not None and self.record is not None and record.pgid == self.record.pgid
             if record is not None and (not same or self._watch_task is None or self._watch_task.done()):
                 await self.attach()
@@ -171,12 +181,14 @@ class ServerLifecycle:
     # ---- attach ----------------------------------------------------------------------------------
     async def attach(self) -> bool:
         """Re-attach to this profile's recorded job. True when it is alive and now watched."""
-        record = await jobs.load_job(self.host, self.profile.name)
+        record = await jobs.load_job(self.host, self.profile, report=self._say)
         if record is None:
             return False
         self.record = record
-        if not await jobs.job_members(self.host, record):
-            self._say(f"recorded server (pid {record.pid}) is not running any more")
+        check = await jobs.check_job(self.host, record)
+        if not check.members:
+            self._say(check.refusal or f"recorded server (pid {record.pid}) is not running any more",
+                      "warning" if check.refusal else "info")
             self._set_state(ServerState.STOPPED)
             return False
         self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
@@ -189,19 +201,26 @@ class ServerLifecycle:
     # ---- launch ----------------------------------------------------------------------------------
     async def preflight(self) -> dict[int, int]:
         """Refuse to launch onto a running job, a taken port or held GPUs (LaunchRefused); the idle baseline."""
+        self.refuse_rejected(self.profile)
         return await preflight(self.host, self.profile, self.telemetry)
+
+    def refuse_rejected(self, profile: Profile) -> None:
+        """LaunchRefused when `profile` sets a flag the installed server rejects (known from discovery:
+        `server_flags`); checked before anything is killed or launched."""
+        if self.server_flags is None or self.server_flags.backend != profile.backend:
+            return
+        message = rejection_message(self.server_flags, profile.flags, str(profile.source))
+        if message:
+            raise LaunchRefused(message, Reason.BAD_INPUT)
 
     async def launch(self) -> jobs.JobRecord:
         """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
         baseline = await self.preflight()
+        if self.before_act is not None:  # the driver lock, right before the launch
+            await self.before_act("launch")
         profile = self.profile
         argv = launch_argv(profile)
-        log_path = jobs.log_path_for(self.host, profile.name)
-        self._reset_run()
-        self._marks.pop("LAUNCHING", None)
-        self._set_state(ServerState.LAUNCHING)
-        self._marks["LAUNCHING"] = time.monotonic()
-        spawned = await self.host.spawn_detached(argv, log_path=log_path, env=launch_env(profile))
+        log_path = jobs.log_path_for(self.host, profile)
         me = jobs.who_am_i()
         now = time.time()
         record = jobs.JobRecord(
@@ -212,9 +231,9 @@ class ServerLifecycle:
             port=profile.port,
             argv=list(argv),
             flags=dict(profile.flags),
-            pid=spawned.pid,
-            pgid=spawned.pgid,
-            start_time=spawned.start_time,
+            pid=None,
+            pgid=None,
+            start_time="",
             log_path=log_path,
             launched_by=me,
             launched_at=now,
@@ -222,9 +241,18 @@ class ServerLifecycle:
             driver=me,
             driver_since=now,
             baseline_mib={str(k): v for k, v in baseline.items()},
+            profile_file=jobs.profile_file_of(profile),
         )
+        await claim_launch(self.host, profile, record)  # the record (its tag, no pid) before the spawn
+        self._reset_run()
+        self._marks.pop("LAUNCHING", None)
+        self._set_state(ServerState.LAUNCHING)
+        self._marks["LAUNCHING"] = time.monotonic()
         self.record = record
-        await jobs.save_job(self.host, record)
+        spawned = await self.host.spawn_detached(argv, log_path=log_path, env={**launch_env(profile),
+                                                                                **jobs.tag_env(record)})
+        jobs.fill_spawned(record, spawned)
+        await self._save(record, follow=False)
         self._say(f"launched pid {spawned.pid} (group {spawned.pgid}) on {self.host.name}, log {log_path}")
         self._emit(Launched(record, profile))
         self._start_watch(record)
@@ -283,9 +311,49 @@ class ServerLifecycle:
             for event in parser.flush():
                 self._handle_log_event(event, record)
             if self.state in LIVE_STATES:
+                current = await self._current_record()
+                if current is not None and self._names_another_job(current, record) and \
+                        await jobs.job_members(self.host, current):  # relaunched elsewhere: follow the new one
+                    self._spawn(self._follow_relaunch(current))
+                    return
+                if current is not None and not self._names_another_job(current, record) and \
+                        current.outcome == "killed":  # another session (a CLI, a dashboard) stopped it
+                    self._say(f"the server (pid {record.pid}) was stopped by another session", "warning")
+                    self._set_state(ServerState.STOPPED)
+                    return
                 self._mark_crashed(record)
         finally:
             follower.cancel()
+
+    async def _current_record(self) -> jobs.JobRecord | None:
+        try:
+            return await jobs.load_job(self.host, self.profile)
+        except HostError:
+            return None
+
+    @staticmethod
+    def _names_another_job(current: jobs.JobRecord, record: jobs.JobRecord | None) -> bool:
+        return record is None or (current.pid, current.start_time) != (record.pid, record.start_time)
+
+    async def follow_record(self) -> bool:
+        """When the record on the host names another live job than the one watched (someone else launched or
+        relaunched this profile), follow it; True when it did. A session that does not drive calls this."""
+        if self.state in (ServerState.KILLING, ServerState.RELEASING):
+            return False
+        current = await self._current_record()
+        if current is None or not current.pid or not self._names_another_job(current, self.record):
+            return False
+        if not await jobs.job_members(self.host, current):
+            return False
+        await self._follow_relaunch(current)
+        return True
+
+    async def _follow_relaunch(self, current: jobs.JobRecord) -> None:
+        self._say(f"{current.launched_by or 'someone'} relaunched {self.profile.name}: following pid {current.pid} "
+                  f"(group {current.pgid}) instead of the server that was here", "warning")
+        if await self.attach():
+            self.profile = dataclasses.replace(self.profile, flags=dict(current.flags))
+            self._emit(Launched(current, self.profile))
 
     def _mark_crashed(self, record: jobs.JobRecord) -> None:
         was = self.state
@@ -294,7 +362,7 @@ class ServerLifecycle:
         when = "while starting" if was in STARTING_STATES else "after it was ready"
         self._say(f"server crashed {when}: {reason}", "error")
         record.outcome = "crashed"
-        self._spawn(jobs.save_job(self.host, record))
+        self._spawn(self._save(record))
 
     async def _follow_log(self, record: jobs.JobRecord, parser: LogParser) -> None:
         async with contextlib.aclosing(self.host.follow(record.log_path)) as lines:
@@ -339,7 +407,7 @@ class ServerLifecycle:
             record.outcome = "ready"
             record.ready_at = time.time()
             record.phase_times = times
-            self._spawn(self._confirm_health(record) if confirm else jobs.save_job(self.host, record))
+            self._spawn(self._confirm_health(record) if confirm else self._save(record))
 
     async def _poll_health_ready(self, record: jobs.JobRecord, follower: asyncio.Task[None]) -> None:
         """A custom profile with only a health_url: READY when the URL first answers 200."""
@@ -363,20 +431,35 @@ class ServerLifecycle:
             if not health.ok:
                 self._say(f"{url} did not confirm ready: {health.status or health.error}", "warning")
         with contextlib.suppress(Exception):
+            await self._save(record)
+
+    async def _save(self, record: jobs.JobRecord, *, follow: bool = True) -> None:
+        """Save `record`, a compare-and-swap on its generation (jobs.save_job). When another tunedash wrote a
+        newer record meanwhile (a CLI relaunch started another server), it is not overwritten: say so and, with
+        `follow`, re-attach to the server that record names."""
+        try:
             await jobs.save_job(self.host, record)
+        except jobs.StaleRecord as exc:
+            self._say(str(exc), "warning")
+            if follow and self.record is record and await self.attach() and self.record is not None:
+                self.profile = dataclasses.replace(self.profile, flags=dict(self.record.flags))
+                self._emit(Launched(self.record, self.profile))
 
     # ---- kill and free ---------------------------------------------------------------------------
     async def kill(self, *, confirm_free: bool = True) -> FreeVerdict | None:
         """SIGTERM the group, wait the grace period, SIGKILL what is left; then confirm the GPUs free."""
-        record = self.record or await jobs.load_job(self.host, self.profile.name)
+        record = self.record or await jobs.load_job(self.host, self.profile, report=self._say)
         if record is not None:
             self.record = record
-        members = await jobs.job_members(self.host, record) if record else []
+        check = await jobs.check_job(self.host, record) if record else None
+        members = list(check.members) if check else []
         if record is None or not members:
-            self._say("no server of this profile is running")
+            self._say(check.refusal if check and check.refusal else "no server of this profile is running")
             if self._watch_task:
                 self._watch_task.cancel()
             return await self.confirm_free() if confirm_free else None
+        if self.before_act is not None:
+            await self.before_act("kill")
         self._marks.pop("KILLING", None)
         self._marks.pop("RELEASING", None)
         self._marks.pop("FREE", None)
@@ -387,14 +470,44 @@ class ServerLifecycle:
         watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
         try:
             await terminate_group(self.host, record, self.grace_s, self._say)
-        except BaseException:
+        except BaseException as exc:
             if watch is not None:
                 await watch.stop()
+            if isinstance(exc, HostError):  # the connection went between SIGTERM and SIGKILL
+                self._interrupted_kill = (record, time.monotonic(), confirm_free)
+                self._say(f"the kill was interrupted ({exc}): the server's state is unknown until {self.host.name} "
+                          "is back; the kill then resumes (SIGKILL if the grace has passed)", "error")
             raise
+        return await self._finish_kill(record, watch, confirm_free)
+
+    async def _resume_kill(self) -> None:
+        """After a reconnect: finish a kill the lost connection interrupted, SIGKILL at once if the grace passed."""
+        assert self._interrupted_kill is not None
+        record, started, confirm_free = self._interrupted_kill
+        self._interrupted_kill = None
+        left = max(0.0, self.grace_s - (time.monotonic() - started))
+        if await jobs.job_alive(self.host, record):
+            self._say(f"{self.host.name} is back: resuming the kill of group {record.pgid}"
+                      + (" (the grace has passed: SIGKILL)" if left == 0 else f" ({left:.0f} s of grace left)"))
+            watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
+            try:
+                await terminate_group(self.host, record, left, self._say)
+            except BaseException:
+                if watch is not None:
+                    await watch.stop()
+                raise
+        else:
+            self._say(f"{self.host.name} is back: group {record.pgid} is gone; confirming the GPUs free")
+            watch = None
+        await self._finish_kill(record, watch, confirm_free)
+
+    async def _finish_kill(self, record: jobs.JobRecord, watch: FreeWatch | None,
+                           confirm_free: bool) -> FreeVerdict | None:
+        """The group is gone: mark the record killed, then confirm the GPUs free (or say STOPPED)."""
         if self._watch_task:
             self._watch_task.cancel()
         record.outcome = "killed"
-        await jobs.save_job(self.host, record)
+        await self._save(record, follow=False)
         if not confirm_free:
             self._set_state(ServerState.STOPPED)
             return None
@@ -424,6 +537,7 @@ class ServerLifecycle:
             self._set_state(ServerState.FREE)
             self._say(freed_text(verdict, elapsed))
         else:
+            verdict = await jobs.with_owners(self.host, record or self.record, verdict)  # whose each holder is
             self.holders = verdict.holders
             self._set_state(ServerState.STUCK)
             self._say(stuck_text(verdict, elapsed), "error")
@@ -441,6 +555,7 @@ class ServerLifecycle:
     async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None,
                        change: str | None = None) -> ServerState:
         """kill -> confirm free -> launch -> wait ready, with the new profile (flags); `change` is said first."""
+        self.refuse_rejected(profile)  # a doomed relaunch keeps the running server
         if change:
             self._say(f"relaunch: {change}")
         for key in list(self._marks):

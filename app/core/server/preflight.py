@@ -1,10 +1,13 @@
-"""Before a launch: refuse a running job of the profile, a taken port, unreadable or held GPUs.
+"""Before a launch: refuse a running job of the profile, a taken port, unreadable or held GPUs; then claim the
+job record (claim_launch) before anything is spawned.
 
 LaunchRefused carries a Reason (app.core.errors); only app/cli/common.py turns it into an exit code. On success
 the GPUs' idle baseline (MiB per GPU) is returned: confirm-free later compares against it.
 """
 
 from __future__ import annotations
+
+import time
 
 from app.core.data import Holder
 from app.core.errors import Reason, TunedashError
@@ -23,16 +26,56 @@ class LaunchRefused(TunedashError):
         self.holders = holders
 
 
+LAUNCH_CLAIM_S = 30.0  # a "launching" record younger than this, with no process yet, is a launch in progress
 
-async def preflight(host: Host, profile: Profile, telemetry: Telemetry) -> dict[int, int]:
-    """Refuse to launch onto a taken port or GPUs that hold memory; returns the idle baseline."""
-    record = await jobs.load_job(host, profile.name)
-    if record is not None and await jobs.job_members(host, record):
+
+async def _refuse_live(host: Host, profile: Profile, record: jobs.JobRecord | None) -> None:
+    """LaunchRefused when `record` names a server that runs, or comes from another host (a shared home folder:
+    its server may run there, and replacing the record would lose it)."""
+    if record is None:
+        return
+    check = await jobs.check_job(host, record)
+    if check.members:
         raise LaunchRefused(
             f"{profile.name} is already running on {host.name} (pid {record.pid}, port {record.port}); "
             "use `tunedash relaunch` or `tunedash kill` first",
             Reason.ALREADY_RUNNING,
         )
+    if check.foreign == "host":
+        raise LaunchRefused(
+            f"{check.refusal}. Launch it from {record.hostname}, or remove {jobs.job_path(host, profile)} "
+            "once that server is gone",
+            Reason.ALREADY_RUNNING,
+        )
+
+
+async def claim_launch(host: Host, profile: Profile, record: jobs.JobRecord) -> None:
+    """Write `record` as "launching" (a fresh tag, this host's boot id and hostname, no pid) before the spawn, so
+    no server runs without a record. LaunchRefused when a live job holds the record, another launch of the
+    profile is starting, or someone else wrote the record since it was read (the compare-and-swap)."""
+    identity = await host.boot_identity()
+    record.boot_id, record.hostname = identity.boot_id, identity.hostname
+    record.tag, record.outcome, record.pid, record.pgid = jobs.new_tag(), "launching", None, None
+    read = await jobs.read_job(host, profile)
+    current = read.record
+    await _refuse_live(host, profile, current)
+    if current is not None and current.outcome == "launching" and current.pid is None:
+        age = time.time() - current.launched_at
+        if current.boot_id == identity.boot_id and age < LAUNCH_CLAIM_S:
+            raise LaunchRefused(
+                f"another launch of {profile.name} on {host.name} is starting ({current.launched_by}, {age:.0f} s "
+                f"ago); wait for it, or `tunedash kill {profile.name}`",
+                Reason.ALREADY_RUNNING,
+            )
+    try:
+        await jobs.save_job(host, record, expect_generation=read.generation)
+    except jobs.StaleRecord as exc:
+        raise LaunchRefused(f"{exc}; nothing was launched", Reason.ALREADY_RUNNING) from None
+
+
+async def preflight(host: Host, profile: Profile, telemetry: Telemetry) -> dict[int, int]:
+    """Refuse to launch onto a running job, a taken port or GPUs that hold memory; returns the idle baseline."""
+    await _refuse_live(host, profile, await jobs.load_job(host, profile))
     if profile.port and await host.port_in_use(profile.port):
         raise LaunchRefused(
             f"port {profile.port} on {host.name} is already in use by another process; stop it or "

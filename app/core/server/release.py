@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.core.data import EventLevel
+from app.core.data import EventLevel, GpuSnapshot
 from app.core.hosts.base import Host
 from app.core.server import jobs
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
@@ -34,6 +34,7 @@ class FreeProgress:
 
     verdict: FreeVerdict
     elapsed_s: float
+    snapshot: GpuSnapshot | None = None  # the sample behind the verdict: a screen shows it with the verdict
 
 
 class FreeWatch:
@@ -43,7 +44,7 @@ class FreeWatch:
         self,
         sampler: Telemetry,
         check: FreeCheck,
-        progress: Callable[[FreeVerdict], None],
+        progress: Callable[[FreeVerdict, GpuSnapshot], None],
         *,
         close_sampler: bool,
     ) -> None:
@@ -60,7 +61,7 @@ class FreeWatch:
         async with contextlib.aclosing(self._sampler.stream(RELEASE_POLL_MS)) as snapshots:
             async for snapshot in snapshots:
                 self.verdict = self._check.feed(snapshot)
-                self._progress(self.verdict)
+                self._progress(self.verdict, snapshot)
                 if self.verdict.confirmed:
                     self.confirmed.set()
                     return
@@ -98,8 +99,8 @@ def start_free_watch(
     started = time.monotonic()
     check = FreeCheck(tuple(gpus), baseline, not_before=started)
 
-    def progress(verdict: FreeVerdict) -> None:
-        on_progress(FreeProgress(verdict, time.monotonic() - started))
+    def progress(verdict: FreeVerdict, snapshot: GpuSnapshot) -> None:
+        on_progress(FreeProgress(verdict, time.monotonic() - started, snapshot))
 
     sampler = release_telemetry(host, gpus, telemetry)
     return FreeWatch(sampler, check, progress, close_sampler=sampler is not telemetry)

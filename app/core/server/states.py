@@ -1,7 +1,8 @@
 """Log event -> server state: the one rule by which a starting server moves, and how long each phase took (pure).
 
 A starting server (LAUNCHING, LOADING, CAPTURING, WARMING) moves on its log's events: a ready line makes it
-READY; the begin of a CUDA graph capture (full or piecewise) CAPTURING; warm-up WARMING; the init, weights
+READY; the begin of a CUDA graph capture (full or piecewise; on SGLang 0.5.14+ any capture of any role, target
+or draft, decode, verify, extend or prefill) CAPTURING; warm-up WARMING; the init, weights
 or KV-cache phases move LAUNCHING to LOADING. The end of a capture moves nothing, and neither does any event
 once the server is READY or no longer starting. The lifecycle applies the rule live; `tunedash status`
 replays a whole log through it (state_from_log). phase_durations turns the moments the states began
@@ -22,8 +23,9 @@ LIVE_STATES = {
     ServerState.READY,
 }
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
-# Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed").
-FATAL_RANK = {"child_failed": 0, "error": 1, "traceback": 2, "port_in_use": 3, "oom": 3}
+# Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed");
+# a child's exit code ("crashed with exit code -9": no traceback, often the OOM killer) tells more than the echo.
+FATAL_RANK = {"child_failed": 0, "child_crashed": 1, "error": 2, "traceback": 3, "port_in_use": 4, "oom": 4}
 
 # (phase, the state it begins with, the state it ends with), for phase_durations.
 PHASES = (

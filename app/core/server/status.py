@@ -29,7 +29,7 @@ class StatusReport:
 
 
 async def inspect_job(host: Host, profile: Profile) -> StatusReport:
-    record = await jobs.load_job(host, profile.name)
+    record = await jobs.load_job(host, profile)
     if record is None:
         return StatusReport(profile, host.name, ServerState.STOPPED, None)
     members = await jobs.job_members(host, record)

@@ -23,6 +23,7 @@ that slipped in despite ``nounits`` (`` MiB``, `` MB``, `` %``, `` W``, `` MHz``
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ def _as_int(cell: str) -> tuple[int | None, str | None]:
     value, reason = parse_value(cell)
     if value is None:
         return None, reason
+    if not math.isfinite(value):  # "9" * 400 reads as inf: not a number nvidia-smi prints
+        return None, f"not a finite number: {cell[:40]!r}"
     return round(value), None
 
 
@@ -233,7 +236,7 @@ def parse_apps_line(line: str) -> GpuProcess | None:
     uuid, pid_cell, memory_cell, name = cells
     if not uuid.upper().startswith(("GPU-", "MIG-")):
         return None
-    if not pid_cell.isdigit():
+    if not (pid_cell.isascii() and pid_cell.isdigit()):  # str.isdigit() also takes '²'
         return None
     pid = int(pid_cell)
     used_mib, _ = _as_int(memory_cell)

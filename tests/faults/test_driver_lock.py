@@ -1,0 +1,160 @@
+"""One driver per server (issue: safe on a shared GPU host): a per-session token in a lock on the host.
+
+Real scenarios on the simulated host: two dashboards of one account, a dashboard opened before the launch, CLI
+commands beside a driving dashboard (refused, or --take-over), a lock whose holder died, a race for a free lock;
+and two dashboards of one account in a real tmux."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.connect import host_for
+from app.core.data import ServerState
+from app.core.profiles.loading import load_profile
+from app.core.server.driver import STALE_S, DriverLock
+from app.core.session import Session
+from tests.helpers import MakeProfile
+from tests.integration.conftest import REPO, tunedash
+from tests.integration.test_tmux_demo import Tmux
+
+pytestmark = pytest.mark.slow
+
+
+async def _until(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def _texts(session: Session) -> str:
+    return "\n".join(e.text for e in session.events)
+
+
+async def test_second_dashboard_of_one_account_is_read_only_and_says_who(make_profile: MakeProfile) -> None:
+    profile = load_profile(make_profile(startup_s=0.3))
+    first = Session(host_for(profile), profile)
+    second = Session(host_for(profile), profile)
+    await first.start()
+    await second.start()
+    try:
+        assert not first.readonly and second.readonly
+        assert "read-only:" in _texts(second) and "dashboard" in _texts(second)
+        with pytest.raises(Exception, match="read-only"):
+            second.run_command("kill", second.kill)
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+async def test_dashboard_opened_before_the_launch_drives_and_the_cli_respects_it(make_profile: MakeProfile) -> None:
+    path = make_profile(startup_s=0.3)
+    profile = load_profile(path)
+    dash = Session(host_for(profile), profile)
+    await dash.start()  # nothing runs yet: it still takes the lock
+    try:
+        assert not dash.readonly
+        refused = await asyncio.to_thread(tunedash, "launch", str(path), "--wait")
+        assert refused.returncode == 2 and "launch refused" in refused.stderr and "dashboard" in refused.stderr
+        assert dash.view().state == ServerState.STOPPED
+        taken = await asyncio.to_thread(tunedash, "launch", str(path), "--wait", "--take-over")
+        assert taken.returncode == 0, taken.stderr
+        await _until(lambda: dash.readonly, 3, "the dashboard to learn of the take-over")
+        assert "took over; this dashboard is now read-only" in _texts(dash)
+        # the CLI gave the lock back when it ended: the dashboard drives again by itself
+        await _until(lambda: not dash.readonly, 5, "the dashboard to drive again")
+        killed = await asyncio.to_thread(tunedash, "kill", str(path), "--confirm-free")
+        assert killed.returncode == 2 and "kill refused" in killed.stderr
+        record = json.loads(next((profile.sim_state / "host" / "jobs").glob("*.json")).read_text())  # type: ignore[operator]
+        os.kill(record["pid"], 0)  # the refused kill signalled nothing: the server lives
+        killed = await asyncio.to_thread(tunedash, "kill", str(path), "--confirm-free", "--take-over")
+        assert killed.returncode == 0, killed.stderr
+    finally:
+        await dash.stop()
+
+
+async def test_a_lock_whose_holder_died_is_free_after_the_stale_time(make_profile: MakeProfile) -> None:
+    profile = load_profile(make_profile())
+    host = host_for(profile)
+    dead = DriverLock(host, profile, "dashboard")
+    assert not (await dead.acquire(take_over=False)).readonly  # then it "crashes": no heartbeat, no release
+    alive = DriverLock(host, profile, "dashboard")
+    assert (await alive.acquire(take_over=False)).readonly
+    await asyncio.sleep(STALE_S + 0.5)
+    verdict = await alive.acquire(take_over=False)
+    assert not verdict.readonly and alive.held
+
+
+async def test_a_race_for_a_free_lock_has_one_winner(make_profile: MakeProfile) -> None:
+    profile = load_profile(make_profile())
+    host = host_for(profile)
+    for round_ in range(6):
+        locks = [DriverLock(host, profile, "cli") for _ in range(6)]
+        if round_ % 2:  # a dead holder's claim is there: every racer tries to break it at once
+            dead = DriverLock(host, profile, "dashboard")
+            await host.write_text(dead.claim_path, dead._claim_text())
+            await host.write_text(dead._beat_path(dead.token), f"{time.time() - 60}\n")
+        verdicts = await asyncio.gather(*(lock.acquire(take_over=False) for lock in locks))
+        assert sum(not v.readonly for v in verdicts) == 1, [v.message for v in verdicts]
+        for lock in locks:
+            await lock.release()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (CI installs it via .ci/run)")
+def test_two_dashboards_of_one_account_in_a_real_tmux(make_profile: MakeProfile, tmp_path: Path) -> None:
+    path = make_profile(name="pair", startup_s=0.4)
+    command = shlex.join([sys.executable, "-m", "app", "demo", str(path)])
+    first = Tmux("TEXTUAL_ANIMATIONS=none " + command, REPO)
+    second = None
+    try:
+        first.wait_for(lambda s: "READY" in s, 60, "READY in the first dashboard")
+        second = Tmux("TEXTUAL_ANIMATIONS=none " + shlex.join([sys.executable, "-m", "app", "ui", str(path)]), REPO)
+        screen = second.wait_for(lambda s: "READ-ONLY" in s, 30, "READ-ONLY in the second dashboard")
+        assert "drives" in screen or "read-only" in screen
+        second.send("k")
+        time.sleep(1.0)
+        assert "Kill the server?" not in second.screen()  # a read-only dashboard does not even ask
+        assert "READY" in first.screen()
+    finally:
+        if second is not None:
+            second.kill()
+        first.kill()
+
+
+async def test_a_cli_relaunch_while_a_dashboard_watches_is_followed_not_reverted(make_profile: MakeProfile) -> None:
+    """The record names the new server and the dashboard follows it (before: the dashboard marked the old
+    server crashed over the new record, and the new one ran untracked)."""
+    path = make_profile(startup_s=0.3)
+    profile = load_profile(path)
+    dash = Session(host_for(profile), profile)
+    await dash.start()
+    try:
+        dash.run_command("launch", dash.launch)
+        await _until(lambda: dash.view().state == ServerState.READY and dash.busy is None, 30, "READY")
+        first = dash.view().record
+        assert first is not None
+        done = await asyncio.to_thread(tunedash, "relaunch", str(path), "--take-over", "--set",
+                                       "speculative-num-steps=3")
+        assert done.returncode == 0, done.stderr
+        try:
+            await _until(lambda: (r := dash.view().record) is not None and r.pid != first.pid
+                         and dash.view().state == ServerState.READY, 30, "the dashboard to follow the new server")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; state {dash.view().state}; events:\n{_texts(dash)}") from None
+        states = [e.text for e in dash.events]
+        assert not any("crashed" in text for text in states), states
+        assert dash.profile.flags["speculative-num-steps"] == 3 and dash.log_path == dash.view().record.log_path  # type: ignore[union-attr]
+        record = json.loads(next((profile.sim_state / "host" / "jobs").glob("*.json")).read_text())  # type: ignore[operator]
+        assert record["pid"] != first.pid and record["outcome"] == "ready"
+    finally:
+        await dash.lifecycle.kill(confirm_free=False) if not dash.readonly else None
+        await dash.stop()

@@ -1,0 +1,103 @@
+"""The host side of kill safety and records, on both hosts: LocalHost, and SshHost through the real loopback sshd
+(logged in as the non-root test user). The proven signal refuses a leader with another start time or without
+the tag and signals only the one proven; the tag is read from the environment and found by a scan; groups 0
+and 1 are refused; the compare-and-swap write replaces a file only while it holds what was expected. Every
+process signalled is one the test started."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.core.hosts.base import Host, HostError, LeaderMismatch, LeaderProof
+from app.core.hosts.local import LocalHost
+from app.core.server import jobs
+from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the fixture
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A scratch folder the SSH test user can write to."""
+    folder = Path(tempfile.mkdtemp(prefix="tunedash-kill-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+async def host(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Host]:
+    made: Host
+    if request.param == "ssh":
+        from app.core.hosts.ssh import SshHost
+
+        server: Sshd = request.getfixturevalue("sshd")
+        made = SshHost(server.spec, state_dir=str(tmp_path / "state"), options=server.options())
+    else:
+        made = LocalHost("local", state_dir=str(tmp_path / "state"))
+    yield made
+    await made.close()
+
+
+async def _gone(host: Host, pid: int) -> bool:
+    for _ in range(100):
+        if not [p for p in await host.processes() if p.pid == pid and p.state != "Z"]:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_the_proven_signal_reaches_only_the_proven_leader(host: Host, tmp_path: Path) -> None:
+    tag = jobs.new_tag()
+    spawned = await host.spawn_detached(["sleep", "300"], log_path=str(tmp_path / "a.log"), env={jobs.TAG_ENV: tag})
+    line = f"{jobs.TAG_ENV}={tag}"
+    try:
+        assert await host.environ_value(spawned.pid, jobs.TAG_ENV) == tag
+        assert await host.environ_value(spawned.pid, "TUNEDASH_NO_SUCH_VARIABLE") == ""
+        assert spawned.pid in await host.find_env(line)
+        if not isinstance(host, LocalHost):  # the SSH test user is not root: init's environment is not its own
+            assert await host.environ_value(1, "PATH") is None
+        other_start = str(int(spawned.start_time) + 1)
+        for proof in (LeaderProof(spawned.pid, spawned.pgid, other_start, line),
+                      LeaderProof(spawned.pid, spawned.pgid, spawned.start_time, f"{jobs.TAG_ENV}=not-{tag}")):
+            with pytest.raises(LeaderMismatch):
+                await host.signal_proven_group(proof, signal.SIGKILL)
+        assert [p for p in await host.processes() if p.pid == spawned.pid and p.state != "Z"]
+        proof = LeaderProof(spawned.pid, spawned.pgid, spawned.start_time, line)
+        assert await host.signal_proven_group(proof, signal.SIGTERM)
+        assert await _gone(host, spawned.pid)
+        assert not await host.signal_proven_group(proof, signal.SIGTERM)  # gone: False, never another process
+        assert await host.environ_value(spawned.pid, jobs.TAG_ENV) is None
+    finally:
+        with contextlib.suppress(HostError):
+            await host.signal_group(spawned.pgid, signal.SIGKILL)
+
+
+async def test_groups_0_and_1_are_refused(host: Host) -> None:
+    for pgid in (0, 1):
+        with pytest.raises(HostError, match="refusing to signal process group"):
+            await host.signal_group(pgid, 0)
+
+
+async def test_the_boot_identity_is_this_machine(host: Host) -> None:
+    identity = await host.boot_identity()
+    assert identity.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # noqa: ASYNC240
+    assert identity.hostname
+
+
+async def test_the_swap_replaces_a_file_only_while_it_holds_what_was_expected(host: Host, tmp_path: Path) -> None:
+    path = str(tmp_path / "state" / "jobs" / "s.json")
+    assert await host.swap_text(path, "one", expect=None)
+    assert not await host.swap_text(path, "two", expect=None)  # it exists now
+    assert not await host.swap_text(path, "two", expect="zero")
+    assert await host.read_text(path) == "one"
+    assert await host.swap_text(path, "two", expect="one")
+    assert await host.read_text(path) == "two"
+    left = sorted(p.name for p in (tmp_path / "state" / "jobs").iterdir())
+    assert left == ["s.json", "s.json.lock"]
