@@ -115,8 +115,8 @@ SGLANG_FLAGS: tuple[FlagSpec, ...] = (
     # CUDA graphs, 0.5.x
     F("disable-cuda-graph", "bool", False, "Turn off decode CUDA graphs.", versions=("", "0.5.12")),
     F("cuda-graph-max-bs", "int", None, "Largest batch size captured in a CUDA graph; auto by GPU memory.",
-      versions=("", "0.5.12")),
-    F("cuda-graph-bs", "ints", None, "Explicit list of captured batch sizes."),
+      versions=("", "0.5.12"), replaced_by="cuda-graph-max-bs-decode"),
+    F("cuda-graph-bs", "ints", None, "Explicit list of captured batch sizes.", replaced_by="cuda-graph-bs-decode"),
     F("enable-piecewise-cuda-graph", "bool", False,
       "Opt in to piecewise CUDA graph (experimental); a no-op from 0.5.10 where it is on by default.",
       versions=("0.5.6", "0.5.9")),

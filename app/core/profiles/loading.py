@@ -20,6 +20,7 @@ Profile TOML schema (every key; anything else is an error naming the file and th
     sim_state   str        state folder of the simulated host (relative: to the profile's folder)
                                                              default: unset (the simulator decides)
     ready_timeout int      seconds a relaunch waits for READY  default: 600 (the CLI's --ready-timeout)
+    sim_version str        SGLang release the simulated host plays: "0.5.10" (default) or "0.5.23"
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
                 typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.
