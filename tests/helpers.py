@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,3 +58,14 @@ def kill_launched(sim_state: Path) -> None:
             os.killpg(json.loads(record_file.read_text())["pgid"], signal.SIGKILL)
         except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):  # TypeError: no pgid yet
             pass
+
+
+async def until(check: Callable[[], object], timeout: float, what: str,
+                detail: Callable[[], str] | None = None) -> None:
+    """Wait (polling every 50 ms) until `check()` is true; fail naming `what` (and `detail()`) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() >= deadline:
+            more = f": {detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
+        await asyncio.sleep(0.05)

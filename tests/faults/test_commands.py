@@ -19,16 +19,9 @@ from app.core.profiles.loading import load_profile
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.session import Session
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-from tests.helpers import MakeProfile
+from tests.helpers import MakeProfile, until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def _until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def _texts(session: Session) -> str:
@@ -42,16 +35,16 @@ async def test_k_cancels_a_relaunch_waiting_for_ready_and_kills(make_profile: Ma
     await session.start()
     try:
         session.run_command("launch", session.launch)
-        await _until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
+        await until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
         # the next launch never gets ready: the simulated server takes 300 s to start
         session.profile = replace(session.profile, env={**session.profile.env, "TUNEDASH_SIM_STARTUP_S": "300"})
         session.pending_flags = {**session.pending_flags, "speculative-num-steps": 2}
         assert session.run_command("relaunch", session.relaunch)
-        await _until(lambda: session.view().state in (ServerState.LOADING, ServerState.LAUNCHING)
+        await until(lambda: session.view().state in (ServerState.LOADING, ServerState.LAUNCHING)
                      and session.busy == "relaunch", 30, "the relaunch to wait for ready")
         assert not session.run_command("confirm free", session.confirm_free)  # one command at a time ...
         assert session.run_command("kill", session.kill)  # ... but a kill cancels it
-        await _until(lambda: session.view().state == ServerState.FREE and session.busy is None, 30, "FREE")
+        await until(lambda: session.view().state == ServerState.FREE and session.busy is None, 30, "FREE")
         assert "kill: cancelling the relaunch in progress" in _texts(session)
     finally:
         await session.stop()
@@ -65,7 +58,7 @@ async def test_the_dashboards_relaunch_gives_up_waiting_after_the_ready_timeout(
     await session.start()
     try:
         session.run_command("launch", session.launch)
-        await _until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
+        await until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
         session.profile = replace(session.profile, env={**session.profile.env, "TUNEDASH_SIM_STARTUP_S": "300"})
         started = time.monotonic()
         state = await session.relaunch()
@@ -120,6 +113,6 @@ async def test_a_connection_lost_between_sigterm_and_sigkill_resumes_the_kill() 
     assert [s for _, s in host.signals] == [signal.SIGTERM]
     await asyncio.sleep(0.4)  # the grace passes while the host is away
     host.reconnect()
-    await _until(lambda: life.state == ServerState.FREE, 5, "the resumed kill to end FREE")
+    await until(lambda: life.state == ServerState.FREE, 5, "the resumed kill to end FREE")
     assert (record.pgid, signal.SIGKILL) in host.signals
     assert not host.groups[record.pgid].alive

@@ -22,18 +22,11 @@ from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
 from app.core.server.driver import STALE_S, DriverLock
 from app.core.session import Session
-from tests.helpers import MakeProfile
+from tests.helpers import MakeProfile, until
 from tests.integration.conftest import REPO, tunedash
 from tests.integration.test_tmux_demo import Tmux
 
 pytestmark = pytest.mark.slow
-
-
-async def _until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def _texts(session: Session) -> str:
@@ -68,10 +61,10 @@ async def test_dashboard_opened_before_the_launch_drives_and_the_cli_respects_it
         assert dash.view().state == ServerState.STOPPED
         taken = await asyncio.to_thread(tunedash, "launch", str(path), "--wait", "--take-over")
         assert taken.returncode == 0, taken.stderr
-        await _until(lambda: dash.readonly, 3, "the dashboard to learn of the take-over")
+        await until(lambda: dash.readonly, 3, "the dashboard to learn of the take-over")
         assert "took over; this dashboard is now read-only" in _texts(dash)
         # the CLI gave the lock back when it ended: the dashboard drives again by itself
-        await _until(lambda: not dash.readonly, 5, "the dashboard to drive again")
+        await until(lambda: not dash.readonly, 5, "the dashboard to drive again")
         killed = await asyncio.to_thread(tunedash, "kill", str(path), "--confirm-free")
         assert killed.returncode == 2 and "kill refused" in killed.stderr
         record = json.loads(next((profile.sim_state / "host" / "jobs").glob("*.json")).read_text())  # type: ignore[operator]
@@ -139,14 +132,14 @@ async def test_a_cli_relaunch_while_a_dashboard_watches_is_followed_not_reverted
     await dash.start()
     try:
         dash.run_command("launch", dash.launch)
-        await _until(lambda: dash.view().state == ServerState.READY and dash.busy is None, 30, "READY")
+        await until(lambda: dash.view().state == ServerState.READY and dash.busy is None, 30, "READY")
         first = dash.view().record
         assert first is not None
         done = await asyncio.to_thread(tunedash, "relaunch", str(path), "--take-over", "--set",
                                        "speculative-num-steps=3")
         assert done.returncode == 0, done.stderr
         try:
-            await _until(lambda: (r := dash.view().record) is not None and r.pid != first.pid
+            await until(lambda: (r := dash.view().record) is not None and r.pid != first.pid
                          and dash.view().state == ServerState.READY, 30, "the dashboard to follow the new server")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; state {dash.view().state}; events:\n{_texts(dash)}") from None

@@ -3,9 +3,6 @@ holds for the GPU panel is the one that proved it, not an older one from the das
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from app.connect import host_for
@@ -13,16 +10,9 @@ from app.core.data import GpuSnapshot, ServerState
 from app.core.profiles.loading import load_profile
 from app.core.server.events import LifecycleEvent, StateChanged
 from app.core.session import Session
-from tests.helpers import MakeProfile
+from tests.helpers import MakeProfile, until
 
 pytestmark = pytest.mark.slow
-
-
-async def _until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_free_shows_with_the_sample_that_proved_it(make_profile: MakeProfile) -> None:
@@ -38,13 +28,13 @@ async def test_free_shows_with_the_sample_that_proved_it(make_profile: MakeProfi
     await session.start()
     try:
         session.run_command("launch", session.launch)
-        await _until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
-        await _until(lambda: session.snapshot is not None and all(
+        await until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
+        await until(lambda: session.snapshot is not None and all(
             (g.memory_used_mib or 0) > 1000 for g in session.snapshot.gpus), 10, "loaded GPUs on the panel")
         for _ in range(3):
             session.pending_flags = {**session.pending_flags, "speculative-num-steps": 2}
             await session.relaunch()
-            await _until(lambda: session.busy is None, 30, "relaunch done")
+            await until(lambda: session.busy is None, 30, "relaunch done")
     finally:
         await session.lifecycle.kill(confirm_free=True)
         await session.stop()

@@ -4,8 +4,6 @@ keys render that version's flags, and a profile written for 0.5.10 opened agains
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -14,16 +12,9 @@ from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
 from app.core.session import Session
-from tests.helpers import free_port, kill_launched
+from tests.helpers import free_port, kill_launched, until
 
 pytestmark = pytest.mark.slow
-
-
-async def _until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def _profile(tmp_path: Path, sim_state: Path, version: str, mamba_flag: str) -> Path:
@@ -43,14 +34,14 @@ async def test_a_0510_profile_against_0523_is_named_not_rewritten_and_refused(tm
     session = Session(host_for(profile), profile)
     await session.start()
     try:
-        await _until(lambda: session.server_flags is not None, 30, "discovery")
+        await until(lambda: session.server_flags is not None, 30, "discovery")
         texts = "\n".join(e.text for e in session.events)
         assert "SGLang 0.5.23" in texts and "--mamba-scheduler-strategy (use --mamba-radix-cache-strategy" in texts
         assert session.profile.flags["mamba-scheduler-strategy"] == "extra_buffer"  # never rewritten
         g = session.profile.toggle("g")
         assert g is not None and g.flags == ("cuda-graph-backend-prefill",)  # this version's flag
         assert session.run_command("launch", session.launch)
-        await _until(lambda: session.busy is None, 10, "the launch to end")
+        await until(lambda: session.busy is None, 10, "the launch to end")
         assert session.view().state == ServerState.STOPPED and session.view().record is None
         assert "does not accept --mamba-scheduler-strategy" in "\n".join(e.text for e in session.events)
     finally:
@@ -63,14 +54,14 @@ async def test_a_0523_profile_launches_and_g_renders_the_prefill_backend(tmp_pat
     session = Session(host_for(profile), profile)
     await session.start()
     try:
-        await _until(lambda: session.server_flags is not None, 30, "discovery")
+        await until(lambda: session.server_flags is not None, 30, "discovery")
         g = session.profile.toggle("g")
         assert g is not None
         session.press_toggle(g)
         assert session.pending_flags.get("cuda-graph-backend-prefill") == "breakable"
         assert "--cuda-graph-backend-prefill breakable" in " ".join(session.pending_argv())
         session.run_command("launch", session.launch)
-        await _until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
+        await until(lambda: session.view().state == ServerState.READY and session.busy is None, 30, "READY")
         assert session.server_version == "0.5.23"
     finally:
         await session.lifecycle.kill(confirm_free=False)
