@@ -40,7 +40,7 @@ from app.core.measure.probe import ProbeStatus, probe_loop
 from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import describe_change, flag_diff, launch_argv, launch_env
 from app.core.profiles.types import Profile
-from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverLock
+from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverClaim, DriverLock
 from app.core.server.events import (
     ActionLogged,
     Launched,
@@ -84,6 +84,7 @@ class Session:
         self.readonly = readonly  # no command may signal or launch: asked for, or another session drives
         self.watch_only = readonly  # asked for (--readonly): never takes the driver lock
         self.driver = DriverLock(host, profile, "dashboard")
+        self.driven_by: str | None = None  # who drives, when another session does ("alice@gpubox")
         self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
         self.sample_period_ms = sample_period_ms
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
@@ -210,7 +211,15 @@ class Session:
             self.readonly = verdict.readonly
             if verdict.message:
                 self._note(verdict.message, verdict.level)
+            if verdict.readonly:
+                await self._read_driver()
         self._spawn(self._keep_driving())
+
+    async def _read_driver(self) -> DriverClaim | None:
+        """Who drives now (for the header), when it is not this session."""
+        holder = await self.driver.holder()
+        self.driven_by = holder.who if holder is not None and not self.driver.held else None
+        return holder
 
     async def _keep_driving(self) -> None:
         """Every HEARTBEAT_S: renew the lock, or learn that someone took over; drive again once it is free."""
@@ -221,15 +230,16 @@ class Session:
                     taken = await self.driver.heartbeat()
                     if taken is not None:
                         self.readonly = True
+                        await self._read_driver()
                         self._note(f"{taken} took over; this dashboard is now read-only", "warning")
                         self.changed.set()
                 else:
                     if self._command_task is None or self._command_task.done():
                         await self.lifecycle.follow_record()  # the driver launched another server: show that one
-                    if not self.watch_only and await self.driver.holder() is None:
+                    if await self._read_driver() is None and not self.watch_only:
                         verdict = await self.driver.acquire(take_over=False)
                         if not verdict.readonly:
-                            self.readonly = False
+                            self.readonly, self.driven_by = False, None
                             self._note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
                             self.changed.set()
 

@@ -186,7 +186,8 @@ class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/
             self._push_events()
             busy = f" · {session.busy}…" if session.busy else ""
             probe = probe_note(session.probe_wanted, session.probe_status)
-            base = "READ-ONLY" if session.readonly else session.profile.backend
+            base = (f"READ-ONLY{f' · {session.driven_by} drives' if session.driven_by else ''}" if session.readonly
+                    else session.profile.backend)
             self.sub_title = f"{base}{probe}{busy}{connection_note(session.connection, now_wall)}"
 
     # ---- core events ---------------------------------------------------------------------------

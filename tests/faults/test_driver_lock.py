@@ -111,8 +111,8 @@ def test_two_dashboards_of_one_account_in_a_real_tmux(make_profile: MakeProfile,
     try:
         first.wait_for(lambda s: "READY" in s, 60, "READY in the first dashboard")
         second = Tmux("TEXTUAL_ANIMATIONS=none " + shlex.join([sys.executable, "-m", "app", "ui", str(path)]), REPO)
-        screen = second.wait_for(lambda s: "READ-ONLY" in s, 30, "READ-ONLY in the second dashboard")
-        assert "drives" in screen or "read-only" in screen
+        second.wait_for(lambda s: "READ-ONLY" in s and "@" in s.splitlines()[0] and " drives" in s, 30,
+                                 "READ-ONLY and who drives in the second dashboard's header")
         second.send("k")
         time.sleep(1.0)
         assert "Kill the server?" not in second.screen()  # a read-only dashboard does not even ask
