@@ -5,15 +5,20 @@ This is glue above the core: it may import app.sim (the core never does).
 A simulated host (`host = "sim"`) speaks the SGLang release the profile's `sim_version` names ("0.5.10", the
 default, or "0.5.23"; app.sim.versions lists them): it reaches every command on that host through
 TUNEDASH_SIM_SGLANG_VERSION in the host's environment, so the server, its `--help` and a version probe all
-see the same release. An unknown version is a ProfileError naming the file and `sim_version`.
+see the same release. An unknown version is a ProfileError naming the file and `sim_version`. Its GPUs are the
+ones `sim_gpus` names ("2xA6000", today's default host, or "2xH200"; app.sim.gpu_models): the state folder
+describes them (without sim_state, another GPU type gets its own folder) and TUNEDASH_SIM_GPUS says them to
+every command on the host. An unknown spec, or GPUs of another type with memory held, is a ProfileError naming
+`sim_gpus`.
 
 SSH hosts (`ssh://user@host:port` or a ~/.ssh/config alias) get one SshHost each. A profile that names an
 SSH host *and* `sim_state` is the simulated host behind sshd (tests, demos on a shared machine): every remote
 command then gets the simulated host's environment (PATH with the fake nvidia-smi, TUNEDASH_SIM_STATE,
-PYTHONPATH, TUNEDASH_SIM_SGLANG_VERSION), as `env K=V ...` in front of the command, and job records live in
-`<sim_state>/host` as they do for `host = "sim"`. That folder is a path on the SSH host, so this only makes
-sense where the SSH host sees this machine's files (loopback). Without sim_state, job records and logs go to
-~/.local/state/tunedash on the SSH host, and the profile's `env` reaches the server as for a local launch.
+PYTHONPATH, TUNEDASH_SIM_SGLANG_VERSION, TUNEDASH_SIM_GPUS when sim_gpus is set), as `env K=V ...` in front of
+the command, and job records live in `<sim_state>/host` as they do for `host = "sim"`. That folder is a path on
+the SSH host, so this only makes sense where the SSH host sees this machine's files (loopback). Without
+sim_state, job records and logs go to ~/.local/state/tunedash on the SSH host, and the profile's `env` reaches
+the server as for a local launch.
 """
 
 from __future__ import annotations
@@ -51,12 +56,21 @@ def ssh_host_for(profile: Profile) -> Host:
 
 
 def simulated_host_environment(profile: Profile) -> dict[str, str]:
-    """The variables every command on the profile's simulated host gets (state folder, PATH, SGLang version)."""
-    from app.sim.host_env import sim_environment
+    """The variables every command on the profile's simulated host gets (state folder, PATH, SGLang version,
+    GPUs)."""
+    from app.sim.gpu_models import canonical_gpu_spec
+    from app.sim.host_env import SimGpusInUse, sim_environment
     from app.sim.versions import VERSION_ENV
 
     version = sim_sglang_version(profile)
-    env = sim_environment(Path(profile.sim_state) if profile.sim_state else None)
+    try:
+        gpus = canonical_gpu_spec(profile.sim_gpus) if profile.sim_gpus else None
+    except ValueError as exc:
+        raise ProfileError(f"{profile.source}: sim_gpus: {exc}") from exc
+    try:
+        env = sim_environment(Path(profile.sim_state) if profile.sim_state else None, gpus)
+    except SimGpusInUse as exc:
+        raise ProfileError(f"{profile.source}: sim_gpus: {exc}") from exc
     env[VERSION_ENV] = version
     return env
 
@@ -73,7 +87,8 @@ def sim_sglang_version(profile: Profile) -> str:
 
 
 def check_no_sim_version(profile: Profile) -> None:
-    """A profile for a real host names no simulated version (it would be silently ignored)."""
-    if profile.sim_version:
-        raise ProfileError(f"{profile.source}: sim_version: only a simulated host has one (host = \"sim\", or an "
-                           "SSH host with sim_state); remove sim_version")
+    """A profile for a real host names no simulated version or GPUs (they would be silently ignored)."""
+    for key, value in (("sim_version", profile.sim_version), ("sim_gpus", profile.sim_gpus)):
+        if value:
+            raise ProfileError(f"{profile.source}: {key}: only a simulated host has one (host = \"sim\", or an "
+                               f"SSH host with sim_state); remove {key}")

@@ -1,4 +1,4 @@
-"""The measuring commands: `bench`, `ab`, `history`, `export`, `probe` (registered by app.cli.main).
+"""The measuring commands: `bench`, `ab`, `history`, `export`, `probe`, `advise` (registered by app.cli.main).
 
 `probe` drives a running server with the continuous single-stream probe for a while and reports the tokens/s
 each source saw at the same time: the probe client itself, the server's periodic log line (vLLM "Avg
@@ -33,6 +33,7 @@ from app.cli.common import (
     say,
     with_take_over,
 )
+from app.core.advisor.advise import advice_text, advice_to_json, advise
 from app.core.data import DecodeStats, SpecDecodeStats, ThroughputPoint
 from app.core.errors import Reason
 from app.core.flags.discovery import discover_flags
@@ -54,6 +55,7 @@ from app.core.measure.probe import probe_loop
 from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import bench_rows, experiment_text, export_run, text_table
 from app.core.measure.store import HistoryStore, StoreError
+from app.core.profiles.loading import resolve_profile
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
@@ -352,6 +354,17 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+# ---- advise --------------------------------------------------------------------------------------
+async def cmd_advise(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    against = resolve_profile(args.against) if args.against else None
+    host = open_host(profile)
+    with _store() as store:
+        advice = await advise(host, profile, store=store, against=against)
+    say(json.dumps(advice_to_json(advice), indent=2) if args.json else advice_text(advice))
+    return EXIT_OK
+
+
 # ---- registration --------------------------------------------------------------------------------
 def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, help="requests per run/trial (default: the profile's [bench])")
@@ -416,3 +429,9 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--metrics-period", type=float, default=2.0, help="seconds between /metrics scrapes")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("advise", help="what the running server leaves on the table, and why it is slower than before")
+    p.add_argument("profile")
+    p.add_argument("--against", metavar="PROFILE", help="also diff the running flags against this profile")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_advise)

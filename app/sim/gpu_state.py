@@ -5,7 +5,7 @@ Stdlib only (the fake nvidia-smi imports this on every call, so it must stay che
 State folder layout (all JSON, written atomically by rename; mutations under an fcntl lock on `lock`):
 
     host.json          {"gpus": [{"index", "uuid", "name", "memory_total_mib", "idle_mib",
-                        "reserved_mib", "pci_bus_id", "power_limit_w"}...],
+                        "reserved_mib", "pci_bus_id", "power_limit_w", "compute_cap", "nvlinks"}...],
                         "release_delay_s": 0.3, "driver_version": "580.159.04", "startup_s": null}
     faults.json        fault knobs read by the fake nvidia-smi (see FAULT_KNOBS); absent = no faults
     allocations.json   {"records": [AllocationRecord...]} the memory held right now
@@ -19,6 +19,9 @@ owner counts as dead. The first reader that sees the owner dead writes `dead_sin
 until `dead_since + release_delay_s` and then released (moved to released.jsonl with
 `released_at = dead_since + release_delay_s`). A record flagged `leaked` is never released (a stuck driver
 context): it stays, with the dead rank's pid and name, until reset_state().
+
+A GPU's `compute_cap` ("8.6") and `nvlinks` (0: PCIe only) are what `nvidia-smi --query-gpu=compute_cap` and
+`nvidia-smi topo -m` print of it; the GPU types a profile's `sim_gpus` names are in gpu_models.py.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ DEFAULT_TOTAL_MIB = 49140
 DEFAULT_RESERVED_MIB = 471
 DEFAULT_RELEASE_DELAY_S = 0.3
 DEFAULT_DRIVER = "580.159.04"
+DEFAULT_COMPUTE_CAP = "8.6"
 
 # Fault knobs (faults.json keys) understood by the fake nvidia-smi:
 #   driver_mismatch: bool      -> "Failed to initialize NVML: Driver/library version mismatch", rc 18
@@ -62,7 +66,10 @@ FAULT_KNOBS = ("driver_mismatch", "driver_not_loaded", "nvml_unknown_error", "no
 class SimGpu:
     """One simulated GPU as described in host.json."""
 
-    __slots__ = ("idle_mib", "index", "memory_total_mib", "name", "pci_bus_id", "power_limit_w", "reserved_mib", "uuid")
+    __slots__ = (
+        "compute_cap", "idle_mib", "index", "memory_total_mib", "name", "nvlinks", "pci_bus_id", "power_limit_w",
+        "reserved_mib", "uuid",
+    )
 
     def __init__(
         self,
@@ -74,6 +81,8 @@ class SimGpu:
         reserved_mib: int = DEFAULT_RESERVED_MIB,
         pci_bus_id: str = "",
         power_limit_w: float = 300.0,
+        compute_cap: str = DEFAULT_COMPUTE_CAP,
+        nvlinks: int = 0,
     ) -> None:
         self.index = index
         self.uuid = uuid
@@ -83,6 +92,8 @@ class SimGpu:
         self.reserved_mib = reserved_mib
         self.pci_bus_id = pci_bus_id
         self.power_limit_w = power_limit_w
+        self.compute_cap = compute_cap
+        self.nvlinks = nvlinks
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -7,6 +7,11 @@ Supported, matching the real tool (docs/gpus.md):
     --query-gpu=F1,F2 [--format=csv[,noheader][,nounits]] [-i IDS] [-l [SEC] | -lms MS]
     --query-compute-apps=F1,F2 ...   (one row per process and GPU; nothing at all when no process holds memory)
     -L                               (GPU 0: NAME (UUID: GPU-...))
+    --query-gpu=compute_cap          (e.g. 8.6; the header has no unit, as on a real H200: tests/data/smi/)
+    topo -m | topo --matrix          (the real layout: tab-separated cells, the header row underlined with
+                                      ESC[4m ... ESC[0m even into a pipe, X on the diagonal, NV<links> between
+                                      two GPUs with NVLinks, else gpu_state's PCIe path; CPU Affinity, NUMA
+                                      Affinity, GPU NUMA ID; then the Legend block)
     no arguments                     (a short table, for humans only)
 Errors: unknown field -> `Field "x" is not a valid field to query.` + empty line, rc 2; no GPU or bad -i ->
 `No devices were found`, rc 6; the fault knobs of faults.json (gpu_state.FAULT_KNOBS) print the real texts.
@@ -64,6 +69,7 @@ GPU_FIELDS: dict[str, tuple[str, Getter]] = {
     "uuid": ("", lambda c: c.gpu.uuid),
     "name": ("", lambda c: c.gpu.name),
     "serial": ("", lambda c: f"13{c.gpu.index:011d}"),
+    "compute_cap": ("", lambda c: c.gpu.compute_cap),
     "pci.bus_id": ("", lambda c: c.gpu.pci_bus_id),
     "persistence_mode": ("", lambda c: "Enabled"),
     "pstate": ("", lambda c: _level(c, "P8", "P2", "P2")),
@@ -294,7 +300,68 @@ def _table(snap: Snapshot) -> str:
     return "\n".join(out)
 
 
+# What the real tool prints (driver 580.159.04 on an H200; tests/data/smi/topo_h200_1gpu.txt).
+TOPO_LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+# The real text for `topo -m -i N` (reported for driver 5xx); its exit code was not captured: rc 2 here.
+TOPO_I_WITHOUT_N_OR_P = "The -i command line argument must be used in conjunction with -n or -p."
+PCIE_PATH = "PHB"  # the path between two simulated GPUs without NVLink: through the CPU's PCIe host bridge
+
+
+def link_between(a: SimGpu, b: SimGpu) -> str:
+    """The topo -m cell for two distinct GPUs: NV<links> when both have NVLinks, else the PCIe path."""
+    links = min(a.nvlinks, b.nvlinks)
+    return f"NV{links}" if links > 0 else PCIE_PATH
+
+
+def topo_matrix(snap: Snapshot) -> str:
+    """`nvidia-smi topo -m` of the simulated host, cell for cell as the real tool prints it."""
+    gpus = snap.config.gpus
+    cpus = os.cpu_count() or 1
+    affinity = f"0-{cpus - 1}" if cpus > 1 else "0"
+    header = "\t".join([f"GPU{g.index}" for g in gpus] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    lines = [f"\t\x1b[4m{header}\x1b[0m"]
+    for row in gpus:
+        cells = [" X " if col is row else link_between(row, col) for col in gpus]
+        lines.append("\t".join([f"GPU{row.index}", *cells, affinity, "0", "", "N/A"]))
+    return "\n".join(lines) + "\n" + TOPO_LEGEND
+
+
+def run_topo(argv: list[str], state_dir: str, write: Callable[[str], None]) -> int:
+    """`nvidia-smi topo ARGS`: only the matrix (-m, --matrix)."""
+    try:
+        if "-i" in argv or "--id" in argv:
+            raise Usage(TOPO_I_WITHOUT_N_OR_P)
+        if argv not in (["-m"], ["--matrix"]):
+            raise Usage(INVALID_ARGS)
+        snap = snapshot(state_dir)
+        failure = _init_failure(snap)
+        if failure is not None:
+            raise failure
+        lost = sorted(set(snap.faults.get("lost_gpus") or []))
+        gone = [g for g in snap.config.gpus if g.index in lost]
+        if gone:
+            raise Usage(f"Unable to determine the device handle for GPU {gone[0].pci_bus_id}: GPU is lost. "
+                        "Reboot the system to recover this GPU", RC_GPU_LOST)
+        write(topo_matrix(snap))
+        return 0
+    except Usage as exc:
+        write(str(exc) + "\n")
+        return exc.code
+
+
 def run(argv: list[str], state_dir: str, write: Callable[[str], None]) -> int:
+    if argv[:1] == ["topo"]:
+        return run_topo(argv[1:], state_dir, write)
     try:
         opts = parse_args(argv)
         if opts.query_gpu is not None and opts.query_apps is not None:

@@ -21,6 +21,7 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                                                              default: unset (the simulator decides)
     ready_timeout int      seconds a relaunch waits for READY  default: 600 (the CLI's --ready-timeout)
     sim_version str        SGLang release the simulated host plays: "0.5.10" (default) or "0.5.23"
+    sim_gpus    str        the simulated host's GPUs: "2xA6000" (default: SM 8.6, PCIe) or "2xH200" (SM 9.0, NVLink)
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
                 typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.

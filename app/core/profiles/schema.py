@@ -37,7 +37,7 @@ class ProfileReader:
     """Validates the parsed TOML of one file; every error names `source`."""
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
-                "sim_state", "sim_version", "ready_timeout", "flags", "toggles", "bench", *CUSTOM_KEYS)
+                "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -111,6 +111,7 @@ class ProfileReader:
             module=module,
             sim_state=self.sim_state(sim_state) if sim_state is not None else None,
             sim_version=got.get("sim_version", ""),
+            sim_gpus=got.get("sim_gpus", ""),
             description=got.get("description", ""),
             **custom,
         )
@@ -382,7 +383,7 @@ def _nul_key(value: Any, where: str = "") -> str | None:
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
                                "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
-                               "sim_version": str, "ready_timeout": int,
+                               "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
                                "ready_regex": str, "health_url": str}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}

@@ -46,6 +46,7 @@ class Profile:
     module: str = ""
     sim_state: Path | None = None
     sim_version: str = ""  # the simulated SGLang's version (host = "sim"); checked by app.connect
+    sim_gpus: str = ""  # the simulated host's GPUs, e.g. "2xH200" (host = "sim"); checked by app.connect
     description: str = ""
     # backend = "custom" only (app.core.profiles.loading's docstring): the argv template and the ready signal.
     command: tuple[str, ...] = ()

@@ -1,0 +1,175 @@
+"""The advisor's one entry point: `advise(host, profile, ...) -> Advice`, and its JSON and terminal text.
+
+Two sections: "slower than before" (the running flags against the best recorded run at the same request shape,
+and against a named profile) and "left on the table" (the rules of app.core.advisor.rules on what the server
+itself reports). Nothing here launches or changes anything: each fix is a set of pending flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.advisor.evidence import Evidence, gather_evidence
+from app.core.advisor.history import Reference, best_reference, diff_findings
+from app.core.advisor.rules import Finding, PendingFlags, evaluate
+from app.core.errors import Reason, TunedashError
+from app.core.flags.values import format_value
+from app.core.hosts.base import Host
+from app.core.measure.bench import BenchSpec
+from app.core.measure.store import HistoryStore
+from app.core.profiles.types import Profile
+from app.core.server import jobs
+
+
+class NothingRunning(TunedashError):
+    """advise found no running server of the profile."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Reason.NOT_RUNNING)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What the advisor found about one running server."""
+
+    profile: str
+    host: str
+    backend: str
+    version: str | None
+    running_flags: dict[str, Any]
+    reference: Reference | None
+    against: str | None  # the profile named with --against
+    slower_than_before: tuple[Finding, ...]
+    left_on_table: tuple[Finding, ...]
+    sources: dict[str, str] = field(default_factory=dict)  # evidence source -> what was read
+
+    def pending(self) -> PendingFlags:
+        """Every fix together, as pending flags (the reference's first, then the rules')."""
+        merged: PendingFlags = {}
+        for finding in (*self.slower_than_before, *self.left_on_table):
+            for name, value in finding.fix.items():
+                merged.setdefault(name, value)
+        return merged
+
+
+def _sources(ev: Evidence) -> dict[str, str]:
+    facts = ev.gpu_facts
+    return {
+        "server_info": "read" if ev.resolved is not None else "not read",
+        "log": "not read" if ev.log_lines is None else f"{ev.log_lines} lines",
+        "smi": f"{len(ev.gpus)} GPUs" if ev.gpus else "not read",
+        "gpu_facts": "not read" if facts is None else ", ".join(
+            f"{name} {'read' if value else 'not read'}" for name, value in (
+                ("compute capability", facts.compute_cap), ("interconnect", facts.interconnect))),
+    }
+
+
+async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = None,
+                 against: Profile | None = None, bench: BenchSpec | None = None) -> Advice:
+    """Advice on the server of `profile` running on `host`; raises NothingRunning when none runs.
+
+    `bench` is the request shape a reference run must share (default: the profile's [bench]).
+    """
+    record = await jobs.load_job(host, profile)
+    if record is None or not await jobs.job_members(host, record):
+        raise NothingRunning(f"{profile.name}: no server of this profile is running on {host.name}; start it with "
+                             f"`tunedash launch {profile.name} --wait`")
+    ev = await gather_evidence(host, record)
+    running = dict(record.flags)
+    reference = None
+    slower: list[Finding] = []
+    if store is not None:
+        shape = (bench or BenchSpec.from_settings(profile.bench)).to_json()
+        reference, effects = best_reference(store, model=record.model, backend=record.backend,
+                                            hosts={host.name, profile.host}, bench=shape)
+        if reference is not None:
+            slower += diff_findings(running, reference.flags, reference.describe(), effects)
+    if against is not None:
+        slower += diff_findings(running, dict(against.flags), f"profile {against.name} ({against.source})")
+    return Advice(profile.name, host.name, record.backend, ev.version, running, reference,
+                  against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev))
+
+
+def _flags_json(flags: PendingFlags) -> dict[str, Any]:
+    return dict(flags)
+
+
+def finding_to_json(finding: Finding) -> dict[str, Any]:
+    return {"rule": finding.rule, "title": finding.title, "status": finding.status, "what": finding.what,
+            "evidence": list(finding.evidence), "why": finding.why,
+            "fix": _flags_json(finding.fix) if finding.fix else None,
+            "nothing_to_do": finding.reason if finding.status == "nothing_to_do" else None,
+            "note": finding.reason if finding.status != "nothing_to_do" else None}
+
+
+def advice_to_json(advice: Advice) -> dict[str, Any]:
+    """The shape of `tunedash advise --json`."""
+    ref = advice.reference
+    return {
+        "profile": advice.profile, "host": advice.host, "backend": advice.backend, "version": advice.version,
+        "running_flags": advice.running_flags,
+        "reference": None if ref is None else {
+            "run_id": ref.run_id, "kind": ref.kind, "arm": ref.arm, "profile": ref.profile,
+            "output_tok_s": round(ref.output_tok_s, 3), "per_stream_tok_s": round(ref.per_stream, 3),
+            "concurrency": ref.concurrency, "flags": dict(ref.flags)},
+        "against": advice.against,
+        "slower_than_before": [finding_to_json(f) for f in advice.slower_than_before],
+        "left_on_table": [finding_to_json(f) for f in advice.left_on_table],
+        "pending": _flags_json(advice.pending()),
+        "sources": advice.sources,
+    }
+
+
+def _fix_text(fix: PendingFlags) -> str:
+    parts = []
+    for name, value in fix.items():
+        if value is None:
+            parts.append(f"unset --{name}")
+        elif value is True:
+            parts.append(f"--{name}")
+        else:
+            parts.append(f"--{name} {format_value(value)}")
+    return ", ".join(parts)
+
+
+def _finding_lines(finding: Finding) -> list[str]:
+    mark = {"fix": "FIX", "nothing_to_do": "ok", "not_read": "??", "advice": "note"}[finding.status]
+    lines = [f"  [{mark}] {finding.title}: {finding.what}"]
+    lines += [f"        evidence: {item}" for item in finding.evidence if item]
+    lines.append(f"        why: {finding.why}")
+    if finding.fix:
+        lines.append(f"        fix: {_fix_text(finding.fix)}")
+    if finding.status == "nothing_to_do":
+        lines.append(f"        nothing to do on this hardware: {finding.reason}")
+    elif finding.reason:
+        lines.append(f"        {'not read' if finding.status == 'not_read' else 'note'}: {finding.reason}")
+    return lines
+
+
+def advice_text(advice: Advice) -> str:
+    """The advice for a terminal: both sections, each finding with its evidence, why and fix."""
+    version = advice.version or "version not reported"
+    lines = [f"advice for {advice.profile} on {advice.host} ({advice.backend} {version})", "",
+             "Slower than before?"]
+    if advice.reference is not None:
+        lines.append(f"  best recorded run: {advice.reference.describe()}")
+    else:
+        lines.append("  no recorded run of this model on this host at this request shape "
+                     "(`tunedash bench PROFILE` records one)")
+    if advice.against:
+        lines.append(f"  compared with profile {advice.against}")
+    if not advice.slower_than_before and (advice.reference is not None or advice.against):
+        lines.append("  the running flags are the reference's")
+    for finding in advice.slower_than_before:
+        lines += _finding_lines(finding)
+    lines += ["", "Left on the table"]
+    if not advice.left_on_table:
+        lines.append("  nothing found in what the server reports")
+    for finding in advice.left_on_table:
+        lines += _finding_lines(finding)
+    lines += ["", "read: " + ", ".join(f"{k} {v}" for k, v in advice.sources.items())]
+    pending = advice.pending()
+    if pending:
+        lines.append(f"all fixes as pending flags: {_fix_text(pending)}")
+    return "\n".join(lines)

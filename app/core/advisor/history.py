@@ -1,0 +1,178 @@
+""""Slower than before?": the best recorded run of the same model, host and request shape, and its flag diff.
+
+The history (app.core.measure.store) holds bench runs (one arm, "running") and A/B runs (one arm per
+configuration). A reference is one arm of one finished run, ranked by output tok/s per stream (the run's
+output tok/s over its concurrency) among runs of the same model and backend on the same host at the same
+request shape. The diff against the running server's flags lists first the flags whose effect the history
+measured (an A/B run whose arms differ in that flag: its B/A ratio and interval), then the known-impact flags,
+then the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.advisor.rules import Finding, PendingFlags
+from app.core.data import FlagChange, FlagValue
+from app.core.flags.values import format_value
+from app.core.measure.store import HistoryStore, RunRow
+from app.core.profiles.render import flag_diff
+
+SHAPE_KEYS = ("concurrency", "input_len", "max_tokens", "endpoint", "prompt_file", "ignore_eos")
+"""The request shape two runs must share to be compared (the number of requests and the seed may differ)."""
+
+KNOWN_IMPACT = ("speculative-num-steps", "speculative-num-draft-tokens", "speculative-eagle-topk",
+                "speculative-algorithm", "speculative-config.num_speculative_tokens",
+                "enforce-piecewise-cuda-graph", "disable-piecewise-cuda-graph", "cuda-graph-backend-prefill",
+                "cuda-graph-backend-decode", "disable-cuda-graph", "disable-prefill-cuda-graph",
+                "disable-decode-cuda-graph", "cuda-graph-max-bs", "cuda-graph-max-bs-decode",
+                "compilation-config.cudagraph_mode", "enforce-eager", "disable-overlap-schedule",
+                "enable-single-batch-overlap", "enable-two-batch-overlap", "tp-size", "tensor-parallel-size",
+                "mem-fraction-static", "gpu-memory-utilization", "context-length", "max-model-len")
+"""Flags known to move tok/s: speculative steps and draft tokens, graph and overlap flags, TP, memory, context."""
+
+RUN_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One arm of one recorded run: what it ran and how fast."""
+
+    run_id: int
+    kind: str  # "bench" | "ab"
+    arm: str  # the arm's label ("running" for a bench)
+    output_tok_s: float
+    concurrency: int
+    flags: Mapping[str, FlagValue]
+    profile: str
+
+    @property
+    def per_stream(self) -> float:
+        return self.output_tok_s / max(1, self.concurrency)
+
+    def describe(self) -> str:
+        arm = "" if self.kind == "bench" else f" arm {self.arm}"
+        return (f"history run #{self.run_id} ({self.kind}{arm}): {self.output_tok_s:.1f} tok/s, "
+                f"{self.per_stream:.1f} per stream at concurrency {self.concurrency}")
+
+
+@dataclass(frozen=True)
+class MeasuredEffect:
+    """An A/B run whose arms differ in one flag: B/A and its 95% interval, from the stored summary."""
+
+    run_id: int
+    change: FlagChange  # arm A's value -> arm B's
+    ratio: float
+    ratio_ci: tuple[float, float] | None
+
+    def describe(self) -> str:
+        interval = "" if self.ratio_ci is None else f" (95% interval {self.ratio_ci[0]:.2f}-{self.ratio_ci[1]:.2f})"
+        return (f"A/B run #{self.run_id}: {_value(self.change.old)} -> {_value(self.change.new)} gave "
+                f"{self.ratio:.2f}x{interval}")
+
+
+def _value(value: FlagValue | None) -> str:
+    return "unset" if value is None else format_value(value)
+
+
+def shape_of(bench: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(bench.get(key) for key in SHAPE_KEYS)
+
+
+def _matching(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str], shape: tuple[Any, ...]
+              ) -> list[RunRow]:
+    names = set(hosts)
+    runs = []
+    for row in store.runs(RUN_LIMIT):
+        bench = row.params.get("bench") if isinstance(row.params, dict) else None
+        if (row.status != "done" or row.model != model or row.backend != backend or row.host not in names
+                or not isinstance(bench, dict) or shape_of(bench) != shape):
+            continue
+        full = store.run(row.id)
+        if full is not None:
+            runs.append(full)
+    return runs
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def references(runs: Iterable[RunRow]) -> list[Reference]:
+    """Every arm of `runs` with a measured output tok/s."""
+    found = []
+    for run in runs:
+        concurrency = int(run.params.get("bench", {}).get("concurrency") or 1)
+        summary = run.summary or {}
+        if run.kind == "bench":
+            value = _number(summary.get("output_tok_s"))
+            if value is not None and run.arms:
+                found.append(Reference(run.id, run.kind, run.arms[0].label, value, concurrency, run.arms[0].flags,
+                                       run.profile))
+            continue
+        for arm, stored in zip(run.arms, summary.get("arms") or [], strict=False):
+            value = _number(stored.get("mean")) if isinstance(stored, dict) else None
+            if value is not None:
+                found.append(Reference(run.id, run.kind, arm.label, value, concurrency, arm.flags, run.profile))
+    return found
+
+
+def measured_effects(runs: Iterable[RunRow]) -> dict[str, MeasuredEffect]:
+    """Per flag, the newest A/B run whose arm B differs from arm A in that flag, with its ratio."""
+    effects: dict[str, MeasuredEffect] = {}
+    for run in runs:  # newest first
+        if run.kind != "ab" or len(run.arms) < 2:
+            continue
+        comparisons = (run.summary or {}).get("comparisons") or []
+        for arm, comparison in zip(run.arms[1:], comparisons, strict=False):
+            ratio = _number(comparison.get("ratio")) if isinstance(comparison, dict) else None
+            if ratio is None:
+                continue
+            ci = comparison.get("ratio_ci")
+            interval = (float(ci[0]), float(ci[1])) if isinstance(ci, list) and len(ci) == 2 else None
+            for change in flag_diff(run.arms[0].flags, arm.flags):
+                effects.setdefault(change.flag, MeasuredEffect(run.id, change, ratio, interval))
+    return effects
+
+
+def best_reference(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
+                   bench: Mapping[str, Any]) -> tuple[Reference | None, dict[str, MeasuredEffect]]:
+    """The fastest arm per stream in the history at this request shape, and the flags' measured effects."""
+    runs = _matching(store, model=model, backend=backend, hosts=hosts, shape=shape_of(bench))
+    arms = references(runs)
+    best = max(arms, key=lambda r: r.per_stream, default=None)
+    return best, measured_effects(runs)
+
+
+def diff_findings(running: Mapping[str, FlagValue], reference: Mapping[str, FlagValue], source: str,
+                  effects: Mapping[str, MeasuredEffect] | None = None) -> list[Finding]:
+    """One finding per flag where `reference` differs from the running server: measured ones first, then the
+    known-impact ones, then the rest; each fix sets the reference's value (None: unset the flag)."""
+    effects = effects or {}
+    changes = flag_diff(running, reference)
+
+    def rank(change: FlagChange) -> tuple[int, int]:
+        if change.flag in effects:
+            return 0, 0
+        if change.flag in KNOWN_IMPACT:
+            return 1, KNOWN_IMPACT.index(change.flag)
+        return 2, 0
+
+    findings = []
+    for change in sorted(changes, key=rank):
+        effect = effects.get(change.flag)
+        evidence = [source, f"running server: --{change.flag} {_value(change.old)}"]
+        if effect is not None:
+            evidence.append(effect.describe())
+            why = f"measured here: {effect.describe()}"
+        elif change.flag in KNOWN_IMPACT:
+            why = "a flag known to move tok/s (speculation, graphs, overlap, TP, memory or context)"
+        else:
+            why = "differs from the reference; its effect is not measured"
+        fix: PendingFlags = {change.flag: change.new}
+        findings.append(Finding(f"history:{change.flag}", f"--{change.flag}", "fix",
+                                f"the reference used --{change.flag} {_value(change.new)}; the server runs "
+                                f"{_value(change.old)}", tuple(evidence), why, fix))
+    return findings

@@ -1,0 +1,386 @@
+"""The "left on the table" rules as data: one table (RULES) per backend and version range, and `evaluate`.
+
+Each Rule names the evidence it needs, its check (Evidence -> Verdict or None), why it matters and, through
+its check, the fix as pending flags in the spelling of the release in front of it (app.core.flags.toggles:
+`prefill_graph_toggle`; the catalog's versions), or "nothing to do on this hardware" with the reason. A check
+that lacks its evidence returns None, or a "not_read" verdict saying which evidence was not read: a rule never
+claims what the server did not report (docs/architecture.md, the advisor).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.core.advisor.evidence import Evidence
+from app.core.data import FlagValue, LogLine
+from app.core.flags.catalog import release_tuple
+from app.core.flags.toggles import PREFILL_BACKEND_SINCE, prefill_graph_toggle
+from app.core.flags.values import format_value
+
+Status = Literal["fix", "nothing_to_do", "not_read", "advice"]
+PendingFlags = dict[str, FlagValue | None]  # flag -> value to set; None = unset it
+
+LOW_ACCEPT_LEN = 1.3
+"""An acceptance length at or below this (1.0 = no draft token accepted) means speculation is not paying."""
+IDLE_SHARE = 0.2
+"""A GPU of the server with more than this share of its memory unused is "a large share idle"."""
+MIN_LINES = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a rule's check found: what, the evidence lines, and the fix (or why there is none)."""
+
+    status: Status
+    what: str
+    evidence: tuple[str, ...]
+    fix: PendingFlags = field(default_factory=dict)
+    reason: str = ""  # nothing_to_do / not_read: why; advice: what a user can do that is not a flag
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table."""
+
+    id: str
+    backend: str
+    versions: tuple[str, str]  # (since, until) release strings, "" = open; an unknown release: applies
+    title: str
+    needs: tuple[str, ...]  # evidence sources: "server_info", "argv", "log", "smi", "gpu_facts"
+    why: str
+    check: Callable[[Evidence], Verdict | None]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of advice: what, the evidence, why it matters, the fix or the reason there is none."""
+
+    rule: str
+    title: str
+    status: Status
+    what: str
+    evidence: tuple[str, ...]
+    why: str
+    fix: PendingFlags = field(default_factory=dict)
+    reason: str = ""
+
+
+def _line(line: LogLine) -> str:
+    return f"log line {line.number}: {line.text.strip()[:240]}"
+
+
+def _later(version: str | None, since: tuple[int, ...]) -> bool:
+    release = release_tuple(version)
+    return release is not None and release >= since
+
+
+def _graph_off_by_user(ev: Evidence) -> bool:
+    return any(ev.flag(name) is True for name in ("disable-piecewise-cuda-graph", "disable-prefill-cuda-graph",
+                                                  "disable-cuda-graph")) or ev.flag(
+        "cuda-graph-backend-prefill") == "disabled"
+
+
+def check_prefill_graph(ev: Evidence) -> Verdict | None:
+    """The prefill (piecewise) CUDA graph requested or defaulted on, resolved off by SGLang's own rules."""
+    if _graph_off_by_user(ev):
+        return None
+    toggle = prefill_graph_toggle("sglang", ev.version)
+    fix: PendingFlags = dict(zip(toggle.flags, toggle.states[-1], strict=True))
+    if all(ev.flag(name) == value for name, value in fix.items()):
+        return None  # already enforced: nothing new to say
+    notices = [n for n in ev.notices if n.feature == "prefill_cuda_graph" and n.kind == "auto_disabled"
+               and "because --" not in n.text]
+    evidence = [_line(n.line) for n in notices[:1]]
+    if ev.field("disable_piecewise_cuda_graph") is True:
+        evidence.append("/get_server_info disable_piecewise_cuda_graph=True (requested: on by default)")
+    if ev.field("cuda_graph_backend_prefill") == "disabled":
+        evidence.append("/get_server_info cuda_graph_backend_prefill='disabled' (requested: default)")
+    if not evidence:
+        return None
+    multimodal = any("multimodal" in n.text for n in notices)
+    cause = ("because the model class counts as multimodal (a text-only deployment does not need that)"
+             if multimodal else "by SGLang's auto-disable rules (speculative decoding, a multimodal model class, "
+             "...); the log does not say which")
+    shown = " ".join(f"--{k} {format_value(v)}" if v is not True else f"--{k}" for k, v in fix.items())
+    return Verdict("fix", f"the prefill (piecewise) CUDA graph was switched off {cause}", tuple(evidence), fix,
+                   f"{shown} keeps it on in {ev.version or 'this release'}")
+
+
+def check_single_batch_overlap(ev: Evidence) -> Verdict | None:
+    tp, tp_source = ev.tp_size
+    if tp <= 1:
+        return None
+    resolved = ev.field("enable_single_batch_overlap")
+    if resolved is True or ev.flag("enable-single-batch-overlap") is True:
+        return None
+    if resolved is False:
+        evidence = "/get_server_info enable_single_batch_overlap=False"
+    elif ev.resolved is None:
+        evidence = "argv: no --enable-single-batch-overlap (default off)"
+    else:
+        return None  # the server answered without the field: an older release, claim nothing
+    return Verdict("fix", f"single-batch overlap is off with TP {tp}", (evidence, tp_source),
+                   {"enable-single-batch-overlap": True})
+
+
+def check_overlap_schedule(ev: Evidence) -> Verdict | None:
+    resolved = ev.field("disable_overlap_schedule")
+    requested = ev.flag("disable-overlap-schedule") is True
+    if requested:
+        return Verdict("fix", "the overlap scheduler is off (--disable-overlap-schedule)",
+                       ("argv: --disable-overlap-schedule",), {"disable-overlap-schedule": None})
+    if resolved is not True:
+        return None
+    evidence = ["/get_server_info disable_overlap_schedule=True (requested: on by default)"]
+    why = [n for n in ev.notices if "verlap schedul" in n.text]
+    evidence += [_line(n.line) for n in why[:1]]
+    if why and "SGLANG_ENABLE_SPEC_V2" in why[0].text:
+        advice = ("the server turned it off for speculative decoding without spec v2: SGLANG_ENABLE_SPEC_V2=True "
+                  "in the profile's env turns it on (experimental in this release; A/B it)")
+    else:
+        advice = "the server turned it off by its own rules; the notice above says why when there is one"
+    return Verdict("advice", "the overlap scheduler is off although not requested", tuple(evidence), {}, advice)
+
+
+def _compute_cap(ev: Evidence) -> tuple[int, int] | None:
+    cap = ev.gpu_facts.compute_cap if ev.gpu_facts else None
+    parts = (cap or "").split(".")
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[1])
+    return None
+
+
+def _sm(cap: tuple[int, int]) -> str:
+    return f"SM {cap[0]}.{cap[1]}"
+
+
+def _links(ev: Evidence) -> str:
+    topology = ev.gpu_facts.topology if ev.gpu_facts else None
+    if topology is None:
+        return "not read"
+    cells = [f"GPU{link.a}-GPU{link.b} {link.kind}{'' if link.nvlinks is None else f' x{link.nvlinks}'}"
+             for link in topology.links_among(topology.gpus) if link is not None]
+    return ", ".join(cells) or "no pair"
+
+
+def check_allreduce_fusion(ev: Evidence) -> Verdict | None:
+    tp, tp_source = ev.tp_size
+    if tp <= 1 or ev.flag("enable-flashinfer-allreduce-fusion") is True:
+        return None
+    what = "FlashInfer all-reduce fusion"
+    cap = _compute_cap(ev)
+    if cap is None:
+        return Verdict("not_read", f"whether this GPU supports {what} is not known",
+                       ("compute capability: not read", tp_source), {}, "it needs SM90 or SM100")
+    source = f"nvidia-smi compute_cap {cap[0]}.{cap[1]}"
+    if cap[0] not in (9, 10):
+        return Verdict("nothing_to_do", f"{what} is unavailable on {_sm(cap)}", (source,), {},
+                       f"it needs SM90 or SM100; this GPU is {_sm(cap)}")
+    if _later(ev.version, PREFILL_BACKEND_SINCE):
+        if ev.flag("enforce-disable-flashinfer-allreduce-fusion") is True:
+            return Verdict("fix", f"{what} is kept off on {_sm(cap)}", (source, "argv: "
+                           "--enforce-disable-flashinfer-allreduce-fusion"),
+                           {"enforce-disable-flashinfer-allreduce-fusion": None})
+        return None  # on by default where supported from 0.5.15; its flag is gone
+    if ev.field("enable_flashinfer_allreduce_fusion") is True:
+        return None
+    return Verdict("fix", f"{what} is off on {_sm(cap)} with TP {tp}", (source, tp_source),
+                   {"enable-flashinfer-allreduce-fusion": True})
+
+
+def check_nccl_nvls(ev: Evidence) -> Verdict | None:
+    tp, tp_source = ev.tp_size
+    if tp <= 1 or ev.flag("enable-nccl-nvls") is True or ev.field("enable_nccl_nvls") is True:
+        return None
+    what = "NCCL NVLS (NVLink SHARP all-reduce)"
+    cap = _compute_cap(ev)
+    if cap is None:
+        return Verdict("not_read", f"whether these GPUs support {what} is not known",
+                       ("compute capability: not read", "interconnect: not read"), {},
+                       "it needs SM90+ GPUs joined by an NVLink Switch")
+    source = f"nvidia-smi compute_cap {cap[0]}.{cap[1]}"
+    if cap[0] < 9:
+        return Verdict("nothing_to_do", f"{what} is unavailable on {_sm(cap)}", (source,), {},
+                       f"it needs SM90+ with an NVLink Switch; this GPU is {_sm(cap)}")
+    link = ev.gpu_facts.interconnect if ev.gpu_facts else None
+    if link is None:
+        return Verdict("not_read", f"the link between the TP ranks, which {what} needs, is not known",
+                       (source, "interconnect: not read"), {}, "it needs an NVLink Switch between the ranks")
+    link_source = f"nvidia-smi topo -m: {_links(ev)}"
+    if link != "nvlink":
+        return Verdict("nothing_to_do", f"{what} is unavailable over {link.upper()}", (source, link_source),
+                       {}, "the TP ranks are not joined by NVLink")
+    return Verdict("fix", f"{what} is off on {_sm(cap)} GPUs joined by NVLink",
+                   (source, link_source, tp_source), {"enable-nccl-nvls": True},
+                   "NVLS needs an NVLink Switch; `nvidia-smi topo -m` shows NVLink, not the switch: A/B it")
+
+
+def _spec_value(ev: Evidence, name: str) -> tuple[object, str]:
+    value = ev.field(name.replace("-", "_"))
+    if value is not None:
+        return value, f"/get_server_info {name.replace('-', '_')}={value}"
+    value = ev.flag(name)
+    return value, (f"argv --{name} {value}" if value is not None else "")
+
+
+def check_speculation(ev: Evidence) -> Verdict | None:
+    algo, _ = _spec_value(ev, "speculative-algorithm")
+    if algo is None:
+        if ev.resolved is not None and "speculative_algorithm" not in ev.resolved:
+            return None  # an older server without the field: claim nothing
+        evidence = "/get_server_info speculative_algorithm=None" if ev.resolved else "argv: no --speculative-algorithm"
+        return Verdict("advice", "speculative decoding is off", (evidence,), {},
+                       "it needs a draft model (EAGLE) or the model's own MTP heads (NEXTN); the server does not "
+                       "say whether this model has them")
+    if algo == "NGRAM":
+        return None
+    steps, steps_source = _spec_value(ev, "speculative-num-steps")
+    topk, topk_source = _spec_value(ev, "speculative-eagle-topk")
+    draft, draft_source = _spec_value(ev, "speculative-num-draft-tokens")
+    if topk == 1 and isinstance(steps, int) and isinstance(draft, int) and draft != steps + 1:
+        return Verdict("fix", f"draft tokens {draft} do not match {steps} steps with topk 1 (draft = steps + 1)",
+                       (steps_source, topk_source, draft_source), {"speculative-num-draft-tokens": steps + 1})
+    return None
+
+
+def check_accept_length(ev: Evidence) -> Verdict | None:
+    if ev.backend == "vllm":
+        pairs = [(s.mean_accept_len, s.line) for s in ev.spec_decode if s.mean_accept_len is not None]
+    else:
+        pairs = [(d.accept_len, d.line) for d in ev.decode if d.accept_len is not None]
+    recent = pairs[-10:]
+    if len(recent) < MIN_LINES:
+        return None
+    median = statistics.median(value for value, _ in recent if value is not None)
+    if median > LOW_ACCEPT_LEN:
+        return None
+    return Verdict("advice", f"accept length {median:.2f} (median of the last {len(recent)} lines): speculation "
+                   "is not paying", (_line(recent[-1][1]),), {},
+                   "fewer speculative steps, another draft, or no speculation: A/B it")
+
+
+def _decode_graph_off_by_user(ev: Evidence) -> bool:
+    return (any(ev.flag(name) is True for name in ("disable-cuda-graph", "disable-decode-cuda-graph", "enforce-eager"))
+            or ev.flag("cuda-graph-backend-decode") == "disabled" or ev.field("disable_cuda_graph") is True
+            or ev.field("cuda_graph_backend_decode") == "disabled")
+
+
+def _graph_max_bs(ev: Evidence) -> tuple[int | None, str]:
+    for name in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        value = ev.field(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, f"/get_server_info {name}={value}"
+    return None, ""
+
+
+def check_graph_max_bs(ev: Evidence) -> Verdict | None:
+    if _decode_graph_off_by_user(ev):
+        return None
+    max_bs, source = _graph_max_bs(ev)
+    over = [d for d in ev.decode if d.cuda_graph is False and max_bs is not None and (d.running or 0) > max_bs]
+    if not over or max_bs is None:
+        return None
+    peak = max(d.running or 0 for d in over)
+    flag = "cuda-graph-max-bs-decode" if _later(ev.version, PREFILL_BACKEND_SINCE) else "cuda-graph-max-bs"
+    return Verdict("fix", f"{len(over)} decode batches of up to {peak} requests ran without a CUDA graph: the "
+                   f"graph covers batches up to {max_bs}", (_line(over[-1].line), source), {flag: peak})
+
+
+def check_decode_graph(ev: Evidence) -> Verdict | None:
+    if _decode_graph_off_by_user(ev):
+        return None
+    max_bs, _ = _graph_max_bs(ev)
+    off = [d for d in ev.decode if d.cuda_graph is False and (max_bs is None or (d.running or 0) <= max_bs)]
+    if len(off) < MIN_LINES:
+        return None
+    return Verdict("advice", f"{len(off)} of {len(ev.decode)} decode lines say `cuda graph: False` although "
+                   "graphs were expected", (_line(off[-1].line),), {},
+                   "`tunedash log` shows whether the decode graph was captured; a startup notice may say why not")
+
+
+def check_memory_idle(ev: Evidence) -> Verdict | None:
+    read = [g for g in ev.gpus if g.memory_used_mib is not None and g.memory_total_mib]
+    if not read or len(read) < len(ev.gpus):
+        return None
+    shares = [1 - (g.memory_used_mib or 0) / (g.memory_total_mib or 1) for g in read]
+    idle = min(shares)
+    if idle <= IDLE_SHARE:
+        return None
+    flag, field_name = (("mem-fraction-static", "mem_fraction_static") if ev.backend == "sglang"
+                        else ("gpu-memory-utilization", "gpu_memory_utilization"))
+    current, source = ev.number(field_name, flag)
+    evidence = tuple(f"nvidia-smi GPU {g.index}: {g.memory_used_mib} of {g.memory_total_mib} MiB used" for g in read)
+    what = f"{idle:.0%} of GPU memory is idle on every GPU of the server"
+    why = "more KV cache pays only when requests queue or contexts are long"
+    if current is None:
+        return Verdict("advice", what, evidence, {}, f"--{flag} raises it; {why}")
+    target = round(min(0.95, current + idle - 0.1), 2)
+    if target <= current:
+        return None
+    return Verdict("fix", what, (*evidence, source), {flag: target}, why)
+
+
+def _rule(id: str, backend: str, versions: tuple[str, str], title: str, needs: tuple[str, ...], why: str,
+          check: Callable[[Evidence], Verdict | None]) -> Rule:
+    return Rule(id, backend, versions, title, needs, why, check)
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
+          ("log", "server_info", "argv"),
+          "without it every prefill runs eagerly: slower time to first token and slower mixed batches",
+          check_prefill_graph),
+    _rule("single_batch_overlap_off", "sglang", ("0.5.3", ""), "Single-batch overlap off with TP > 1",
+          ("server_info", "argv"), "the TP all-reduce and the compute of one batch run one after the other",
+          check_single_batch_overlap),
+    _rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off", ("server_info", "argv", "log"),
+          "the CPU's scheduling of the next batch waits for the GPU instead of running under it",
+          check_overlap_schedule),
+    _rule("flashinfer_allreduce_fusion", "sglang", ("0.4.10.post2", ""), "FlashInfer all-reduce fusion",
+          ("gpu_facts", "argv", "server_info"), "fuses the TP all-reduce with the norm that follows it",
+          check_allreduce_fusion),
+    _rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS", ("gpu_facts", "argv", "server_info"),
+          "all-reduce inside the NVLink Switch: less time in TP communication", check_nccl_nvls),
+    _rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent", ("server_info", "argv"),
+          "speculation multiplies tokens per step; mismatched draft tokens waste verify work", check_speculation),
+    _rule("accept_length_low", "sglang", ("", ""), "Speculation not paying", ("log",),
+          "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
+    _rule("accept_length_low", "vllm", ("", ""), "Speculation not paying", ("log",),
+          "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
+    _rule("graph_max_bs_below_batch", "sglang", ("", ""), "CUDA graph max batch size below the running batch",
+          ("log", "server_info"), "batches above the captured size run eagerly, several times slower per step",
+          check_graph_max_bs),
+    _rule("decode_without_graph", "sglang", ("", ""), "Decode without CUDA graph", ("log", "argv", "server_info"),
+          "an eager decode step pays the kernel launch overhead every token", check_decode_graph),
+    _rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
+          "memory the server does not hold is KV cache it cannot use", check_memory_idle),
+    _rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
+          "memory the server does not hold is KV cache it cannot use", check_memory_idle),
+)
+
+
+def applies(rule: Rule, backend: str, version: str | None) -> bool:
+    """Whether `rule` is about this backend and release (an unknown release: every rule of the backend)."""
+    if rule.backend != backend:
+        return False
+    release = release_tuple(version)
+    if release is None:
+        return True
+    since, until = (release_tuple(v) for v in rule.versions)
+    return (since is None or release >= since) and (until is None or release[:len(until)] <= until)
+
+
+def evaluate(ev: Evidence, rules: tuple[Rule, ...] = RULES) -> list[Finding]:
+    """Every rule of the table that applies to the server in front of it, and that found something."""
+    findings: list[Finding] = []
+    for rule in rules:
+        if not applies(rule, ev.backend, ev.version):
+            continue
+        verdict = rule.check(ev)
+        if verdict is not None:
+            findings.append(Finding(rule.id, rule.title, verdict.status, verdict.what, verdict.evidence, rule.why,
+                                    verdict.fix, verdict.reason))
+    return findings

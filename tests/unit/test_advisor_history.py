@@ -1,0 +1,53 @@
+"""The advisor's "slower than before?": the best recorded arm at the same request shape, and the flag diff with
+the measured effects first, then the known-impact flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.core.advisor.history import best_reference, diff_findings
+from app.core.measure.experiment import result_json
+from app.core.measure.store import HistoryStore
+
+SHAPE: dict[str, Any] = {"requests": 6, "concurrency": 2, "input_len": 32, "max_tokens": 48, "warmup": 1,
+                         "endpoint": "completions", "seed": 0, "ignore_eos": True, "prompt_file": None,
+                         "timeout_s": 600.0}
+ONE = {"tp-size": 2, "speculative-num-steps": 1, "speculative-num-draft-tokens": 2, "decode-log-interval": 40}
+THREE = {**ONE, "speculative-num-steps": 3, "speculative-num-draft-tokens": 4, "decode-log-interval": 10}
+
+
+def _bench(store: HistoryStore, flags: dict[str, Any], tok_s: float, *, shape: dict[str, Any] = SHAPE,
+           host: str = "sim") -> int:
+    run = store.start_run("bench", profile="t", host=host, backend="sglang", model="m", params={"bench": shape},
+                          arms=[("running", "", flags)])
+    store.finish_run(run, "done", summary={"output_tok_s": tok_s})
+    return run
+
+
+def test_best_arm_at_the_same_shape_and_measured_effects_first(tmp_path: Path) -> None:
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        _bench(store, ONE, 40.0)
+        best = _bench(store, THREE, 90.0)
+        _bench(store, ONE, 500.0, shape={**SHAPE, "concurrency": 64})  # another request shape
+        _bench(store, ONE, 600.0, host="elsewhere")
+        ab = store.start_run("ab", profile="t", host="sim", backend="sglang", model="m",
+                             params={"bench": SHAPE, "trials": 3},
+                             arms=[("A", "", ONE), ("B", "decode-log-interval=10", {**ONE, "decode-log-interval": 10})])
+        store.finish_run(ab, "done", summary=result_json("done", [("A", "", [40.0, 41.0, 39.0], [], 0, 6, 96),
+                                                                ("B", "", [40.5, 41.2, 39.1], [], 0, 6, 96)]))
+        reference, effects = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
+    assert reference is not None and reference.run_id == best and reference.per_stream == 45.0
+    findings = diff_findings(ONE, reference.flags, reference.describe(), effects)
+    assert [f.rule for f in findings] == ["history:decode-log-interval", "history:speculative-num-steps",
+                                          "history:speculative-num-draft-tokens"]
+    assert findings[0].fix == {"decode-log-interval": 10}
+    assert f"A/B run #{ab}: 40 -> 10 gave" in findings[0].why and "95% interval" in findings[0].why
+    assert findings[1].fix == {"speculative-num-steps": 3} and "the server runs 1" in findings[1].what
+
+
+def test_no_matching_run_is_no_reference(tmp_path: Path) -> None:
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        _bench(store, THREE, 90.0, shape={**SHAPE, "max_tokens": 512})
+        reference, effects = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
+    assert reference is None and effects == {}
