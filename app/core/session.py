@@ -124,6 +124,10 @@ class Session:
         """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read."""
         return self.lifecycle.view()
 
+    def note(self, text: str, level: EventLevel = "info") -> None:
+        """A line in the event log from outside the core (the advisor's findings and what was applied)."""
+        self._note(text, level)
+
     def _note(self, text: str, level: EventLevel = "info") -> None:
         self._on_lifecycle(ActionLogged(text, level))
 

@@ -29,7 +29,7 @@ from app.core.hosts.base import ConnectionChanged, Host
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
-from app.tui.bench import BenchKeys
+from app.tui.advisor import AdvisorKeys
 from app.tui.commands import FlagCommands
 from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
 from widgets import (
@@ -68,7 +68,7 @@ class DashboardCommand:
     action: str  # a Textual action string, e.g. "relaunch" or "press_toggle('s')"
 
 
-class TunedashApp(BenchKeys):  # BenchKeys: the measuring keys b B a h (app/tui/bench.py)
+class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over the measuring keys b B a h
     """The dashboard for one profile's server."""
 
     CSS_PATH = "dashboard.tcss"
