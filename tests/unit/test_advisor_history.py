@@ -51,3 +51,17 @@ def test_no_matching_run_is_no_reference(tmp_path: Path) -> None:
         _bench(store, THREE, 90.0, shape={**SHAPE, "max_tokens": 512})
         reference, effects = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
     assert reference is None and effects == {}
+
+
+def test_the_running_flags_own_run_is_found_so_a_faster_config_is_not_told_to_go_back(tmp_path: Path) -> None:
+    """The best run used 3 steps; the running config (3 steps + overlap) was measured faster: the advisor must
+    not offer the reference's flags as fixes (advise() compares the two); unmeasured, it has no own run."""
+    faster = {**THREE, "enable-single-batch-overlap": True}
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        _bench(store, THREE, 90.0)
+        reference, _ = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
+        unmeasured, _ = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE, flags=faster)
+        own_id = _bench(store, faster, 120.0)
+        own, _ = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE, flags=faster)
+    assert reference is not None and unmeasured is None
+    assert own is not None and own.run_id == own_id and own.per_stream > reference.per_stream

@@ -43,6 +43,7 @@ class Advice:
     slower_than_before: tuple[Finding, ...]
     left_on_table: tuple[Finding, ...]
     sources: dict[str, str] = field(default_factory=dict)  # evidence source -> what was read
+    own: Reference | None = None  # the best recorded run of exactly the running flags at the same shape
 
     def pending(self) -> PendingFlags:
         """Every fix together, as pending flags (the reference's first, then the rules')."""
@@ -81,14 +82,18 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
     slower: list[Finding] = []
     if store is not None:
         shape = (bench or BenchSpec.from_settings(profile.bench)).to_json()
-        reference, effects = best_reference(store, model=record.model, backend=record.backend,
-                                            hosts={host.name, profile.host}, bench=shape)
-        if reference is not None:
+        hosts = {host.name, profile.host}
+        reference, effects = best_reference(store, model=record.model, backend=record.backend, hosts=hosts,
+                                            bench=shape)
+        own, _ = best_reference(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape,
+                                flags=running)
+        # The running flags measured at least as fast as the best run: nothing is slower than before.
+        if reference is not None and not (own is not None and own.per_stream >= reference.per_stream):
             slower += diff_findings(running, reference.flags, reference.describe(), effects)
     if against is not None:
         slower += diff_findings(running, dict(against.flags), f"profile {against.name} ({against.source})")
     return Advice(profile.name, host.name, record.backend, ev.version, running, reference,
-                  against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev))
+                  against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev), own)
 
 
 def _flags_json(flags: PendingFlags) -> dict[str, Any]:
@@ -113,6 +118,9 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
             "run_id": ref.run_id, "kind": ref.kind, "arm": ref.arm, "profile": ref.profile,
             "output_tok_s": round(ref.output_tok_s, 3), "per_stream_tok_s": round(ref.per_stream, 3),
             "concurrency": ref.concurrency, "flags": dict(ref.flags)},
+        "running_run": None if advice.own is None else {
+            "run_id": advice.own.run_id, "output_tok_s": round(advice.own.output_tok_s, 3),
+            "per_stream_tok_s": round(advice.own.per_stream, 3)},
         "against": advice.against,
         "slower_than_before": [finding_to_json(f) for f in advice.slower_than_before],
         "left_on_table": [finding_to_json(f) for f in advice.left_on_table],
@@ -154,13 +162,20 @@ def advice_text(advice: Advice) -> str:
              "Slower than before?"]
     if advice.reference is not None:
         lines.append(f"  best recorded run: {advice.reference.describe()}")
+        if advice.own is not None and advice.own.per_stream >= advice.reference.per_stream:
+            lines.append(f"  the running flags measured as fast: {advice.own.describe()}: nothing is slower")
+        elif advice.own is None:
+            lines.append("  the running flags have no run at this request shape (b, or `tunedash bench`, "
+                         "measures them); until then the best recorded run is the reference")
+        else:
+            lines.append(f"  the running flags measured slower: {advice.own.describe()}")
     else:
         lines.append("  no recorded run of this model on this host at this request shape "
                      "(`tunedash bench PROFILE` records one)")
     if advice.against:
         lines.append(f"  compared with profile {advice.against}")
-    if not advice.slower_than_before and (advice.reference is not None or advice.against):
-        lines.append("  the running flags are the reference's")
+    if not advice.slower_than_before and advice.against:
+        lines.append("  the running flags are the named profile's")
     for finding in advice.slower_than_before:
         lines += _finding_lines(finding)
     lines += ["", "Left on the table"]

@@ -138,10 +138,12 @@ def measured_effects(runs: Iterable[RunRow]) -> dict[str, MeasuredEffect]:
 
 
 def best_reference(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
-                   bench: Mapping[str, Any]) -> tuple[Reference | None, dict[str, MeasuredEffect]]:
-    """The fastest arm per stream in the history at this request shape, and the flags' measured effects."""
+                   bench: Mapping[str, Any], flags: Mapping[str, FlagValue] | None = None
+                   ) -> tuple[Reference | None, dict[str, MeasuredEffect]]:
+    """The fastest arm per stream in the history at this request shape (only arms that ran exactly `flags`,
+    when given), and the flags' measured effects."""
     runs = _matching(store, model=model, backend=backend, hosts=hosts, shape=shape_of(bench))
-    arms = references(runs)
+    arms = [r for r in references(runs) if flags is None or dict(r.flags) == dict(flags)]
     best = max(arms, key=lambda r: r.per_stream, default=None)
     return best, measured_effects(runs)
 
