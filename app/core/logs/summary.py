@@ -30,7 +30,7 @@ Mean gen tok/s counts only lines with gen_tps > 0 (vLLM prints one 0.0 line afte
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -299,46 +299,8 @@ def event_to_json(event: LogEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"type": _TYPE_NAMES[type(event)], "line": event.line.number}
     if isinstance(event, PhaseEvent):
         out.update(phase=event.phase.value, begin=event.begin, seconds=event.seconds, detail=dict(event.detail))
-    elif isinstance(event, DecodeStats):
-        out.update(
-            gen_tps=event.gen_tps,
-            accept_len=event.accept_len,
-            accept_rate=event.accept_rate,
-            running=event.running,
-            queued=event.queued,
-            token_usage=event.token_usage,
-            cuda_graph=event.cuda_graph,
-            timestamp=event.timestamp,
-        )
-    elif isinstance(event, PrefillStats):
-        out.update(
-            input_tps=event.input_tps,
-            new_seqs=event.new_seqs,
-            new_tokens=event.new_tokens,
-            cached_tokens=event.cached_tokens,
-            running=event.running,
-            queued=event.queued,
-            token_usage=event.token_usage,
-            cuda_graph=event.cuda_graph,
-            timestamp=event.timestamp,
-        )
-    elif isinstance(event, ServerCapacity):
-        out.update(
-            max_total_tokens=event.max_total_tokens,
-            max_running_requests=event.max_running_requests,
-            context_len=event.context_len,
-            chunked_prefill_size=event.chunked_prefill_size,
-            max_prefill_tokens=event.max_prefill_tokens,
-            available_gib=event.available_gib,
-        )
-    elif isinstance(event, SpecDecodeStats):
-        out.update(
-            mean_accept_len=event.mean_accept_len,
-            accepted=event.accepted,
-            drafted=event.drafted,
-            accept_rate=event.accept_rate,
-            timestamp=event.timestamp,
-        )
+    elif isinstance(event, (DecodeStats, PrefillStats, ServerCapacity, SpecDecodeStats)):
+        out.update({f.name: getattr(event, f.name) for f in fields(event) if f.name != "line"})  # figures as read
     elif isinstance(event, ReadyEvent):
         out.update(timestamp=event.timestamp)
     elif isinstance(event, Notice):
