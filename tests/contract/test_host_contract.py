@@ -94,7 +94,11 @@ async def test_detached_job_leads_its_own_group_and_gets_verbatim_args(host: Hos
             await asyncio.sleep(0.05)
         assert log.read_text() == f"arg={evil} env=a b\n"
         assert not marker.exists()
-        members = [p for p in await host.processes() if p.pgid == spawned.pgid and p.state != "Z"]
+        for _ in range(50):  # the shell forks `sleep` after it printed: wait for it, do not race it
+            members = [p for p in await host.processes() if p.pgid == spawned.pgid and p.state != "Z"]
+            if {p.name for p in members} >= {"sh", "sleep"}:
+                break
+            await asyncio.sleep(0.05)
         assert {p.name for p in members} >= {"sh", "sleep"}
         assert await host.signal_group(spawned.pgid, signal.SIGTERM)
         for _ in range(50):
@@ -155,6 +159,10 @@ async def test_group_alive_follows_the_group_not_just_its_leader(host: Host, tmp
     """group_alive answers what a scan of processes() would: live members started no earlier than the record."""
     spawned = await host.spawn_detached(["sh", "-c", "sleep 30 & sleep 30 & wait"], log_path=str(tmp_path / "g.log"))
     try:
+        for _ in range(50):  # both children forked before the leader is killed (else the group may die with it)
+            if len([p for p in await host.processes() if p.pgid == spawned.pgid and p.name == "sleep"]) >= 2:
+                break
+            await asyncio.sleep(0.05)
         assert await host.group_alive(spawned.pgid, spawned.start_time)
         later = str(int(spawned.start_time) + 10**9)  # a record of a newer job that reused this group id: not ours
         assert not await host.group_alive(spawned.pgid, later)
