@@ -61,8 +61,9 @@ async def test_dashboard_opened_before_the_launch_drives_and_the_cli_respects_it
         assert dash.view().state == ServerState.STOPPED
         taken = await asyncio.to_thread(tunedash, "launch", str(path), "--wait", "--take-over")
         assert taken.returncode == 0, taken.stderr
-        await until(lambda: dash.readonly, 3, "the dashboard to learn of the take-over")
-        assert "took over; this dashboard is now read-only" in _texts(dash)
+        # (read-only lasts only until the CLI gives the lock back, so the event log is what to wait for)
+        await until(lambda: "took over; this dashboard is now read-only" in _texts(dash), 3,
+                    "the dashboard to learn of the take-over")
         # the CLI gave the lock back when it ended: the dashboard drives again by itself
         await until(lambda: not dash.readonly, 5, "the dashboard to drive again")
         killed = await asyncio.to_thread(tunedash, "kill", str(path), "--confirm-free")
