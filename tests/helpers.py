@@ -8,8 +8,12 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+from aiohttp import web
 
 MakeProfile = Callable[..., Path]
 """The `make_profile` fixture (tests/conftest.py): keyword arguments of `sim_profile_text`, returns the file."""
@@ -69,3 +73,16 @@ async def until(check: Callable[[], object], timeout: float, what: str,
             more = f": {detail()}" if detail else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
         await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def serving(app: web.Application, **runner_options: Any) -> AsyncIterator[int]:
+    """Serve an aiohttp app on a free loopback port for the block; yields the port."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

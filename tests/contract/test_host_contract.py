@@ -5,41 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import socket
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import pytest
-
 from app.core.hosts.base import Host
-from app.core.hosts.local import LocalHost
-from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the fixture
-
-
-@pytest.fixture
-def tmp_path() -> Iterator[Path]:
-    """A scratch folder the SSH test user can write too (pytest's own is private to this user)."""
-    folder = Path(tempfile.mkdtemp(prefix="tunedash-contract-"))
-    folder.chmod(0o777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
-async def host(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Host]:
-    made: Host
-    if request.param == "ssh":
-        from app.core.hosts.ssh import SshHost
-
-        server: Sshd = request.getfixturevalue("sshd")
-        made = SshHost(server.spec, state_dir=str(tmp_path / "state"), options=server.options())
-    else:
-        made = LocalHost("local", state_dir=str(tmp_path / "state"))
-    yield made
-    await made.close()
 
 
 async def test_run_captures_output_and_code(host: Host) -> None:

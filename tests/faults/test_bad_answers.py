@@ -33,6 +33,7 @@ from app.core.measure.probe import ProbeStatus, probe_completion, probe_loop
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import load_profile
 from app.core.server.events import LifecycleView
+from tests.helpers import serving
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = b'data: {"choices": [{"index": 0, "text": " a b"}]}\n\n'
@@ -121,13 +122,8 @@ async def server() -> AsyncIterator[tuple[str, Script]]:
     app.router.add_get("/version", _info)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health_hangs)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", script
-    await runner.cleanup()
+    async with serving(app, shutdown_timeout=0.1) as port:
+        yield f"http://127.0.0.1:{port}", script
 
 
 async def test_junk_sse_is_counted_by_kind_and_the_bench_finishes(server: tuple[str, Script]) -> None:

@@ -4,7 +4,6 @@ header's "probe on" into "probe failing (N)" and puts one line in the event log;
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from aiohttp import web
@@ -15,6 +14,7 @@ from app.core.profiles.loading import load_profile
 from app.core.session import Session
 from app.tui.views import probe_note
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
+from tests.helpers import serving, until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,33 +44,25 @@ async def test_a_failing_probe_is_said_and_shown_then_recovers() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     profile = load_profile(REPO / "profiles" / "demo.toml")
-    session = Session(ForwardingHost(port), profile, telemetry=ScriptedTelemetry(gpu_reading({})))
-    try:
-        session.lifecycle.state = ServerState.READY  # as if the server were up: the probe runs only then
-        session.set_probe(True)
-        deadline = time.monotonic() + 20
-        while not (session.probe_status and session.probe_status.state == "failing"):
-            assert time.monotonic() < deadline, session.probe_status
-            await asyncio.sleep(0.05)
-        assert probe_note(True, session.probe_status).startswith(" · probe failing (")
-        texts = [e.text for e in session.events]
-        assert sum("probe failing" in t for t in texts) == 1 and "503" in next(t for t in texts if "probe failing" in t)
-        healthy["now"] = True
-        deadline = time.monotonic() + 40
-        while session.probe_status.state != "running":
-            assert time.monotonic() < deadline, session.probe_status
-            await asyncio.sleep(0.05)
-        assert probe_note(True, session.probe_status) == " · probe on"
-        assert any(t == "probe answering again" for t in (e.text for e in session.events))
-    finally:
-        session.set_probe(False)
-        await runner.cleanup()
+    async with serving(app) as port:
+        session = Session(ForwardingHost(port), profile, telemetry=ScriptedTelemetry(gpu_reading({})))
+        try:
+            session.lifecycle.state = ServerState.READY  # as if the server were up: the probe runs only then
+            session.set_probe(True)
+            await until(lambda: session.probe_status is not None and session.probe_status.state == "failing", 20,
+                        "the probe to say it is failing")
+            assert probe_note(True, session.probe_status).startswith(" · probe failing (")
+            texts = [e.text for e in session.events]
+            failing = [t for t in texts if "probe failing" in t]
+            assert len(failing) == 1 and "503" in failing[0]
+            healthy["now"] = True
+            await until(lambda: session.probe_status is not None and session.probe_status.state == "running", 40,
+                        "the probe to answer again")
+            assert probe_note(True, session.probe_status) == " · probe on"
+            assert "probe answering again" in [e.text for e in session.events]
+        finally:
+            session.set_probe(False)
 
 
 def test_the_header_note_of_each_probe_state() -> None:

@@ -22,6 +22,7 @@ from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import load_profile
 from app.core.profiles.types import ProfileError
 from app.core.server.events import LifecycleView
+from tests.helpers import serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,12 +97,8 @@ async def fake() -> AsyncIterator[tuple[FakeServer, int]]:
     app = web.Application()
     app[SERVER] = server
     app.router.add_post("/v1/completions", _complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield server, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield server, port
 
 
 def _spec(port: int, a: str, b: str, trials: int = 2, interleave: bool = False) -> ExperimentSpec:

@@ -17,6 +17,7 @@ from app.core.measure.acceptance import AcceptanceMeter
 from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts, percentile, run_bench
 from app.core.measure.client import stream_completion
 from app.core.measure.probe import probe_completion
+from tests.helpers import serving
 
 
 class Script:
@@ -71,13 +72,8 @@ async def server() -> AsyncIterator[tuple[str, Script]]:
     app[SCRIPT] = script
     app.router.add_post("/v1/completions", _handler)
     app.router.add_post("/v1/chat/completions", _handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", script
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield f"http://127.0.0.1:{port}", script
 
 
 async def test_tokens_come_from_usage_not_chunks(server):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TypeVar
-
 import pytest
 
 from app.core.data import (
@@ -19,18 +16,7 @@ from app.core.data import (
     SpecDecodeStats,
 )
 from app.core.logs.parser import LogParser, detect_backend, parse_lines, read_log_lines
-
-T = TypeVar("T")
-
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
-
-
-def parse(name: str) -> list[LogEvent]:
-    return list(parse_lines(read_log_lines(LOGS / name)).events)
-
-
-def of_type(events: list[LogEvent], kind: type[T]) -> list[T]:
-    return [event for event in events if isinstance(event, kind)]
+from tests.log_helpers import LOGS, feed, of_type, parse
 
 
 def phases(events: list[LogEvent]) -> list[tuple[Phase, bool]]:
@@ -38,8 +24,7 @@ def phases(events: list[LogEvent]) -> list[tuple[Phase, bool]]:
 
 
 def one(line: str, backend: str | None = None) -> list[LogEvent]:
-    parser = LogParser(backend)
-    return parser.feed(line) + parser.flush()
+    return feed(line, backend)
 
 
 def decode(line: str, backend: str | None = None) -> DecodeStats:

@@ -4,7 +4,6 @@ the live state they move a starting server through."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -23,25 +22,15 @@ from app.core.data import (
 )
 from app.core.logs.parser import LogParser, detect_backend, parse_lines, read_log_lines, summary_to_json
 from app.core.server.states import state_after, state_from_log, telling_fatal
+from tests.log_helpers import LOGS, feed, of_type, parse
 
 T = TypeVar("T")
-
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 STARTUP = "sglang_0523_startup.log"  # spec decoding, `--cuda-graph-backend-prefill breakable`, ready, decode
 CRASH = "sglang_0523_crash.log"  # the prefill graph auto-disabled, ready, then a scheduler killed (-9)
 
 
-def parse(name: str) -> list[LogEvent]:
-    return list(parse_lines(read_log_lines(LOGS / name)).events)
-
-
-def of_type(events: list[LogEvent], kind: type[T]) -> list[T]:
-    return [event for event in events if isinstance(event, kind)]
-
-
 def one(line: str, backend: str | None = "sglang") -> list[LogEvent]:
-    parser = LogParser(backend)
-    return parser.feed(line) + parser.flush()
+    return feed(line, backend)
 
 
 def only(line: str, kind: type[T], backend: str | None = "sglang") -> T:
