@@ -167,7 +167,8 @@ def lifecycle_for(profile: Profile, host: Host, args: argparse.Namespace) -> Ser
     return lifecycle
 
 
-def with_take_over(p: argparse.ArgumentParser) -> None:
-    """--take-over on a command that signals or launches (its driver lock: `drive`)."""
-    p.add_argument("--take-over", action="store_true",
-                   help="act although another session drives this server (it turns read-only; both logs say so)")
+def with_take_over(p: argparse.ArgumentParser,
+                   help: str = "act although another session drives this server (it turns read-only; both logs "
+                               "say so)") -> None:
+    """--take-over on a command that signals or launches (its driver lock: `drive`), or on `ui`."""
+    p.add_argument("--take-over", action="store_true", help=help)

@@ -23,6 +23,7 @@ from app.cli.common import (
     load_profile,
     run_command,
     say,
+    with_take_over,
 )
 from app.core.errors import TunedashError
 from app.core.hosts.base import HostError
@@ -88,8 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile")
     p.add_argument("--readonly", action="store_true", help="watch only: no key signals or launches")
     p.add_argument("--probe", action="store_true", help="start with the probe load on")
-    p.add_argument("--take-over", action="store_true",
-                   help="drive a server someone else drives (their dashboard turns read-only)")
+    with_take_over(p, "drive a server someone else drives (their dashboard turns read-only)")
     _with_overrides(p)
     p.set_defaults(func=cmd_ui)
 

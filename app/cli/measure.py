@@ -284,20 +284,16 @@ async def cmd_probe(args: argparse.Namespace) -> int:
     spec_lines: list[SpecDecodeStats] = []
     rates: list[MetricsRate] = []
 
-    async def follow_log() -> None:
-        parser = LogParser(record.backend)
-        async with contextlib.aclosing(host.follow(record.log_path, from_start=False)) as lines:
-            async for line in lines:
-                for event in parser.feed(line):
-                    if isinstance(event, DecodeStats):
-                        log_stats.append(event)
-                    elif isinstance(event, SpecDecodeStats):
-                        spec_lines.append(event)
+    def sort_event(event: object) -> None:
+        if isinstance(event, DecodeStats):
+            log_stats.append(event)
+        elif isinstance(event, SpecDecodeStats):
+            spec_lines.append(event)
 
     poller = MetricsPoller(base, record.backend, period_s=args.metrics_period)
     before = await poller.read()
     tasks = [
-        asyncio.create_task(follow_log()),
+        asyncio.create_task(_follow(host, record.log_path, record.backend, sort_event)),
         asyncio.create_task(poller.run(rates.append)),
         asyncio.create_task(probe_loop(base, record.model, probe_points.append, errors.append,
                                        max_tokens=args.max_tokens)),
@@ -384,7 +380,7 @@ def _path(text: str) -> Any:
 
 
 def register(sub: Any, with_overrides: Any) -> None:
-    """Add bench, ab, history and export to the `tunedash` subparsers."""
+    """Add bench, ab, history, export, probe and advise to the `tunedash` subparsers."""
     p = sub.add_parser("bench", help="benchmark the running server: N requests at concurrency C")
     p.add_argument("profile")
     _bench_options(p)

@@ -64,9 +64,10 @@ def _crash_report(lifecycle: ServerLifecycle) -> str:
 
 # ---- commands ------------------------------------------------------------------------------------
 async def cmd_gpus(args: argparse.Namespace) -> int:
-    host: Host = open_host(load_profile(args)) if args.profile else LocalHost("local")
+    profile = load_profile(args) if args.profile else None
+    host: Host = open_host(profile) if profile else LocalHost("local")
     source = args.source or ("nvml" if getattr(host, "is_local", False) and host.name == "local" else "smi")
-    gpus = tuple(load_profile(args).gpus) if args.profile else None
+    gpus = tuple(profile.gpus) if profile else None
     try:
         telemetry = telemetry_for(host, source, gpus)
     except ValueError as exc:  # --source nvml for a remote host
@@ -157,10 +158,11 @@ async def cmd_launch(args: argparse.Namespace) -> int:
         return EXIT_OK
     state = await lifecycle.wait_ready(args.timeout)
     await lifecycle.close()
-    return _report_start(lifecycle, state, args)
+    return _report_start(lifecycle, state, args, args.timeout)
 
 
-def _report_start(lifecycle: ServerLifecycle, state: ServerState, args: argparse.Namespace) -> int:
+def _report_start(lifecycle: ServerLifecycle, state: ServerState, args: argparse.Namespace,
+                  ready_timeout_s: float) -> int:
     times = lifecycle.phase_times
     if args.json:
         pid = lifecycle.record.pid if lifecycle.record else None
@@ -172,7 +174,7 @@ def _report_start(lifecycle: ServerLifecycle, state: ServerState, args: argparse
     if state == ServerState.CRASHED:
         print(_crash_report(lifecycle), file=sys.stderr)
         return EXIT_START_FAILED
-    print(f"server not ready after {args.timeout} s (state {state.value}); it keeps starting", file=sys.stderr)
+    print(f"server not ready after {ready_timeout_s:g} s (state {state.value}); it keeps starting", file=sys.stderr)
     return EXIT_START_FAILED
 
 
@@ -230,8 +232,7 @@ async def cmd_relaunch(args: argparse.Namespace) -> int:
     await drive(lifecycle, args, "relaunch")
     state = await lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout)
     await lifecycle.close()
-    args.timeout = args.ready_timeout
-    return _report_start(lifecycle, state, args)
+    return _report_start(lifecycle, state, args, args.ready_timeout)
 
 
 def cmd_log(args: argparse.Namespace) -> int:

@@ -125,10 +125,7 @@ class Session:
         return self.lifecycle.view()
 
     def note(self, text: str, level: EventLevel = "info") -> None:
-        """A line in the event log from outside the core (the advisor's findings and what was applied)."""
-        self._note(text, level)
-
-    def _note(self, text: str, level: EventLevel = "info") -> None:
+        """A line in the event log (the session's own, and the advisor's findings and what was applied)."""
         self._on_lifecycle(ActionLogged(text, level))
 
     def _on_lifecycle(self, event: LifecycleEvent) -> None:
@@ -163,7 +160,7 @@ class Session:
             if self.probe_wanted:
                 self._start_probe()
             self._start_metrics()
-        elif state not in (ServerState.READY,):
+        else:
             self._stop_probe()
             self._stop_metrics()
 
@@ -195,7 +192,7 @@ class Session:
             self._follow_server_log(record.log_path)
         await self._settle_driver()
         if record is None and self.autolaunch and not self.readonly:
-            self._note(f"no server of {self.profile.name} running: launching it")
+            self.note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
         self.changed.set()
 
@@ -209,12 +206,12 @@ class Session:
             verdict = await self.driver.acquire(take_over=self.take_over)
         except (HostError, OSError):  # the host's own error is in the event log already
             self.readonly = True
-            self._note(f"the driver lock on {self.host.name} cannot be read: read-only until the host answers",
+            self.note(f"the driver lock on {self.host.name} cannot be read: read-only until the host answers",
                        "warning")
         else:
             self.readonly = verdict.readonly
             if verdict.message:
-                self._note(verdict.message, verdict.level)
+                self.note(verdict.message, verdict.level)
             if verdict.readonly:
                 await self._read_driver()
         self._spawn(self._keep_driving())
@@ -235,7 +232,7 @@ class Session:
                     if taken is not None:
                         self.readonly = True
                         await self._read_driver()
-                        self._note(f"{taken} took over; this dashboard is now read-only", "warning")
+                        self.note(f"{taken} took over; this dashboard is now read-only", "warning")
                         self.changed.set()
                 else:
                     if self._command_task is None or self._command_task.done():
@@ -244,7 +241,7 @@ class Session:
                         verdict = await self.driver.acquire(take_over=False)
                         if not verdict.readonly:
                             self.readonly, self.driven_by = False, None
-                            self._note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
+                            self.note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
                             self.changed.set()
 
     async def _before_act(self, what: str) -> None:
@@ -313,7 +310,7 @@ class Session:
             self._start_probe()
         elif not on:
             self._stop_probe()
-        self._note(f"probe {'on' if on else 'off'}")
+        self.note(f"probe {'on' if on else 'off'}")
 
     def _start_probe(self) -> None:
         if self._probe_task is not None and not self._probe_task.done():
@@ -331,12 +328,12 @@ class Session:
             self.probe_status = status
             connected = self.connection is None or self.connection.state == "connected"
             if status.state == "failing" and connected:  # an outage of the host is said once, by the host
-                self._note(f"probe failing: {status.error} ({status.failures} in a row; next try in "
+                self.note(f"probe failing: {status.error} ({status.failures} in a row; next try in "
                            f"{status.retry_in_s or 0:.0f} s)", "warning")
             elif status.state == "running" and was == "failing":
-                self._note("probe answering again")
+                self.note("probe answering again")
             elif status.state == "stopped" and status.error:
-                self._note(f"probe stopped: {status.error}", "error")
+                self.note(f"probe stopped: {status.error}", "error")
             self.changed.set()
 
         async def probe() -> None:
@@ -398,10 +395,10 @@ class Session:
         changed = [t for t in self.profile.toggles if before.get(t.key) not in (None, t.flags)]
         if changed:
             keys = ", ".join(f"{t.key} = {' '.join('--' + f for f in t.flags)}" for t in changed)
-            self._note(f"{found.describe()}: keys render this version's flags ({keys})")
+            self.note(f"{found.describe()}: keys render this version's flags ({keys})")
         message = rejection_message(found, self.pending_flags, str(self.profile.source))
         if message:
-            self._note(message.replace("; nothing was launched or killed", "; r refuses to launch it"), "warning")
+            self.note(message.replace("; nothing was launched or killed", "; r refuses to launch it"), "warning")
 
     # ---- pending flags ---------------------------------------------------------------------------
     @property
@@ -423,7 +420,7 @@ class Session:
         try:
             self.pending_flags = apply_toggle(self.pending_flags, toggle)
         except FlagError as exc:
-            self._note(str(exc), "warning")
+            self.note(str(exc), "warning")
             return str(exc)
         self.changed.set()
         return self.describe_pending()
@@ -434,7 +431,7 @@ class Session:
 
     def undo_pending(self) -> None:
         self.pending_flags = dict(self.profile.flags)
-        self._note("pending changes undone")
+        self.note("pending changes undone")
 
     def describe_pending(self) -> str:
         """The pending change for people: toggles first by their names ("steps 1 -> 3", "overlap sched ->
@@ -468,12 +465,12 @@ class Session:
         self._guard(name)
         previous = self._command_task if self._command_task is not None and not self._command_task.done() else None
         if previous is not None and name != "kill":
-            self._note(f"{self.busy} still in progress; {name} ignored (k kills and cancels it)", "warning")
+            self.note(f"{self.busy} still in progress; {name} ignored (k kills and cancels it)", "warning")
             return False
 
         async def runner() -> None:
             if previous is not None:
-                self._note(f"{name}: cancelling the {self.busy} in progress", "warning")
+                self.note(f"{name}: cancelling the {self.busy} in progress", "warning")
                 previous.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await previous
@@ -481,9 +478,9 @@ class Session:
             try:
                 await coro_factory()
             except LaunchRefused as refused:
-                self._note(str(refused), "error")
+                self.note(str(refused), "error")
             except Exception as exc:  # shown to the user, never swallowed silently
-                self._note(f"{name} failed: {exc}", "error")
+                self.note(f"{name} failed: {exc}", "error")
             finally:
                 self.busy = None
                 self.changed.set()
@@ -514,15 +511,15 @@ class Session:
         if change is None:
             change = self.describe_pending() if profile is None else self._describe(self.profile, new_profile)
         self._stop_probe()
-        self._note(f"relaunch: {change}")
+        self.note(f"relaunch: {change}")
         self.markers.append(RelaunchMarker(time.time(), change))
         timeout = new_profile.ready_timeout_s if ready_timeout_s is None else ready_timeout_s
         state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=timeout)
         if state == ServerState.READY:
             parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.lifecycle.phase_times.items())
-            self._note(f"relaunched with {change}: {parts}")
+            self.note(f"relaunched with {change}: {parts}")
         elif state in STARTING_STATES:
-            self._note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
+            self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
                        f"`ready_timeout` in {new_profile.source} waits longer", "warning")
         return state
 

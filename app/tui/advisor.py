@@ -13,16 +13,11 @@ from typing import ClassVar
 from textual.binding import Binding, BindingType
 
 from app.core.advisor.advise import Advice, NothingRunning, advice_text, advise
-from app.core.advisor.rules import PendingFlags
-from app.core.data import ServerState
+from app.core.advisor.rules import fix_text
+from app.core.errors import TunedashError
+from app.core.hosts.base import HostError
 from app.tui.bench import BenchKeys
 from widgets.advisor_screen import AdvisorChoice, AdvisorScreen
-
-
-def fixes_text(fixes: PendingFlags) -> str:
-    """"--enable-single-batch-overlap, unset --disable-overlap-schedule" for people."""
-    return ", ".join(f"unset --{name}" if value is None else f"--{name}" if value is True else
-                     f"--{name} {value}" for name, value in fixes.items())
 
 
 class AdvisorKeys(BenchKeys):
@@ -33,9 +28,11 @@ class AdvisorKeys(BenchKeys):
                 tooltip="Advisor: flags slower than the best recorded run, features left off (with the evidence)"),
     ]
 
+    def _push_flags(self) -> None:
+        """The Flags panel now (TunedashApp's)."""
+
     def action_advise(self) -> None:
-        if self.session.view().state != ServerState.READY:
-            self.notify("the advisor reads a running server: press r to launch it first", severity="warning")
+        if not self._server_ready("the advisor"):
             return
         self.run_worker(self._advise(), name="advise", exit_on_error=False)
 
@@ -47,13 +44,16 @@ class AdvisorKeys(BenchKeys):
         except NothingRunning as exc:
             self.notify(str(exc), severity="warning")
             return
+        except (HostError, TunedashError) as exc:  # a worker's error would otherwise vanish
+            self.notify(str(exc), title="advisor", severity="error")
+            return
         finally:
             if store is not None:
                 store.close()
         fixes = advice.pending()
         found = [f.title for f in (*advice.slower_than_before, *advice.left_on_table) if f.status == "fix"]
         session.note(f"advisor: {len(found)} fix(es) found" + (f": {', '.join(found)}" if found else ""))
-        self.push_screen(AdvisorScreen(advice_text(advice), fixes_text(fixes)),
+        self.push_screen(AdvisorScreen(advice_text(advice), fix_text(fixes)),
                          lambda choice: self._advised(advice, choice))
 
     def _advised(self, advice: Advice, choice: AdvisorChoice | None) -> None:
@@ -64,8 +64,8 @@ class AdvisorKeys(BenchKeys):
         fixes = advice.pending()
         for name, value in fixes.items():
             session.set_pending_flag(name, value)
-        session.note(f"advisor: applied as pending: {fixes_text(fixes)} (r relaunches)")
-        self.refresh()
+        session.note(f"advisor: applied as pending: {fix_text(fixes)} (r relaunches)")
+        self._push_flags()
         if choice == "ab":
             self.baseline = running
             self.action_ab()

@@ -8,7 +8,6 @@ import asyncio
 import signal
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,7 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.session import Session
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
 from tests.helpers import MakeProfile, until
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.conftest import REPO
 
 
 def _texts(session: Session) -> str:

@@ -21,7 +21,7 @@ from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
 from app.core.server.driver import STALE_S, DriverLock
-from app.core.session import Session
+from app.core.session import ReadOnlyError, Session
 from tests.helpers import MakeProfile, until
 from tests.integration.conftest import REPO, tunedash
 from tests.integration.test_tmux_demo import Tmux
@@ -42,7 +42,7 @@ async def test_second_dashboard_of_one_account_is_read_only_and_says_who(make_pr
     try:
         assert not first.readonly and second.readonly
         assert "read-only:" in _texts(second) and "dashboard" in _texts(second)
-        with pytest.raises(Exception, match="read-only"):
+        with pytest.raises(ReadOnlyError, match="read-only"):
             second.run_command("kill", second.kill)
     finally:
         await second.stop()
@@ -148,7 +148,7 @@ async def test_a_cli_relaunch_while_a_dashboard_watches_is_followed_not_reverted
         assert not any("crashed" in text for text in states), states
         assert dash.profile.flags["speculative-num-steps"] == 3 and dash.log_path == dash.view().record.log_path  # type: ignore[union-attr]
         record = json.loads(next((profile.sim_state / "host" / "jobs").glob("*.json")).read_text())  # type: ignore[operator]
-        assert record["pid"] != first.pid and record["outcome"] == "ready"
+        assert record["pid"] != first.pid and record["outcome"] in ("running", "ready")  # never "crashed"
     finally:
         await dash.lifecycle.kill(confirm_free=False) if not dash.readonly else None
         await dash.stop()

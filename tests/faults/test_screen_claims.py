@@ -33,8 +33,7 @@ async def test_free_shows_with_the_sample_that_proved_it(make_profile: MakeProfi
             (g.memory_used_mib or 0) > 1000 for g in session.snapshot.gpus), 10, "loaded GPUs on the panel")
         for _ in range(3):
             session.pending_flags = {**session.pending_flags, "speculative-num-steps": 2}
-            await session.relaunch()
-            await until(lambda: session.busy is None, 30, "relaunch done")
+            assert await session.relaunch() == ServerState.READY
     finally:
         await session.lifecycle.kill(confirm_free=True)
         await session.stop()

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.advisor.evidence import Evidence, gather_evidence
-from app.core.advisor.history import Reference, best_reference, diff_findings
-from app.core.advisor.rules import Finding, PendingFlags, evaluate
+from app.core.advisor.history import Reference, diff_findings, fastest, recorded_arms
+from app.core.advisor.rules import Finding, PendingFlags, evaluate, fix_text
 from app.core.errors import Reason, TunedashError
-from app.core.flags.values import format_value
 from app.core.hosts.base import Host
 from app.core.measure.bench import BenchSpec
 from app.core.measure.store import HistoryStore
@@ -56,7 +55,7 @@ class Advice:
 
 def _sources(ev: Evidence) -> dict[str, str]:
     facts = ev.gpu_facts
-    return {
+    sources = {
         "server_info": "read" if ev.resolved is not None else "not read",
         "log": "not read" if ev.log_lines is None else f"{ev.log_lines} lines",
         "smi": f"{len(ev.gpus)} GPUs" if ev.gpus else "not read",
@@ -64,6 +63,9 @@ def _sources(ev: Evidence) -> dict[str, str]:
             f"{name} {'read' if value else 'not read'}" for name, value in (
                 ("compute capability", facts.compute_cap), ("interconnect", facts.interconnect))),
     }
+    if ev.problems:  # why a source was not read, in the words of the tool or host that failed
+        sources["problems"] = "; ".join(ev.problems)
+    return sources
 
 
 async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = None,
@@ -83,10 +85,8 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
     if store is not None:
         shape = (bench or BenchSpec.from_settings(profile.bench)).to_json()
         hosts = {host.name, profile.host}
-        reference, effects = best_reference(store, model=record.model, backend=record.backend, hosts=hosts,
-                                            bench=shape)
-        own, _ = best_reference(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape,
-                                flags=running)
+        arms, effects = recorded_arms(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape)
+        reference, own = fastest(arms), fastest(arms, running)
         # The running flags measured at least as fast as the best run: nothing is slower than before.
         if reference is not None and not (own is not None and own.per_stream >= reference.per_stream):
             slower += diff_findings(running, reference.flags, reference.describe(), effects)
@@ -96,14 +96,10 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
                   against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev), own)
 
 
-def _flags_json(flags: PendingFlags) -> dict[str, Any]:
-    return dict(flags)
-
-
 def finding_to_json(finding: Finding) -> dict[str, Any]:
     return {"rule": finding.rule, "title": finding.title, "status": finding.status, "what": finding.what,
             "evidence": list(finding.evidence), "why": finding.why,
-            "fix": _flags_json(finding.fix) if finding.fix else None,
+            "fix": dict(finding.fix) if finding.fix else None,
             "nothing_to_do": finding.reason if finding.status == "nothing_to_do" else None,
             "note": finding.reason if finding.status != "nothing_to_do" else None}
 
@@ -124,21 +120,9 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
         "against": advice.against,
         "slower_than_before": [finding_to_json(f) for f in advice.slower_than_before],
         "left_on_table": [finding_to_json(f) for f in advice.left_on_table],
-        "pending": _flags_json(advice.pending()),
+        "pending": dict(advice.pending()),
         "sources": advice.sources,
     }
-
-
-def _fix_text(fix: PendingFlags) -> str:
-    parts = []
-    for name, value in fix.items():
-        if value is None:
-            parts.append(f"unset --{name}")
-        elif value is True:
-            parts.append(f"--{name}")
-        else:
-            parts.append(f"--{name} {format_value(value)}")
-    return ", ".join(parts)
 
 
 def _finding_lines(finding: Finding) -> list[str]:
@@ -147,7 +131,7 @@ def _finding_lines(finding: Finding) -> list[str]:
     lines += [f"        evidence: {item}" for item in finding.evidence if item]
     lines.append(f"        why: {finding.why}")
     if finding.fix:
-        lines.append(f"        fix: {_fix_text(finding.fix)}")
+        lines.append(f"        fix: {fix_text(finding.fix)}")
     if finding.status == "nothing_to_do":
         lines.append(f"        nothing to do on this hardware: {finding.reason}")
     elif finding.reason:
@@ -186,5 +170,5 @@ def advice_text(advice: Advice) -> str:
     lines += ["", "read: " + ", ".join(f"{k} {v}" for k, v in advice.sources.items())]
     pending = advice.pending()
     if pending:
-        lines.append(f"all fixes as pending flags: {_fix_text(pending)}")
+        lines.append(f"all fixes as pending flags: {fix_text(pending)}")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ nothing from them (docs/architecture.md, the advisor).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,6 @@ class Evidence:
 
     backend: str
     requested: Mapping[str, FlagValue]  # the flags it was launched with (the job record's)
-    argv: tuple[str, ...] = ()
     version: str | None = None  # the release, from /get_server_info (or /version)
     resolved: Mapping[str, Any] | None = None  # /get_server_info: the args after the server's own rules
     notices: tuple[Notice, ...] = ()
@@ -105,7 +105,8 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
             text = await host.read_text(record.log_path)
     if text is None:
         problems.append(f"log: {record.log_path or 'no log path'} not readable")
-    parsed = parse_lines(text.splitlines(), record.backend) if text is not None else None
+    # a whole log can be large: parsed in a thread, never on the dashboard's event loop
+    parsed = await asyncio.to_thread(parse_lines, text.splitlines(), record.backend) if text is not None else None
     events = parsed.events if parsed is not None else ()
     gpus: tuple[GpuSample, ...] = ()
     telemetry = telemetry_for(host, "smi", tuple(record.gpus))
@@ -120,7 +121,7 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
     gpu_facts = await read_gpu_facts(host, record.gpus)
     problems += [f"gpu facts: {e}" for e in (gpu_facts.capability_error, gpu_facts.topology_error) if e]
     return Evidence(
-        backend=record.backend, requested=dict(record.flags), argv=tuple(record.argv),
+        backend=record.backend, requested=dict(record.flags),
         version=version if isinstance(version, str) and version else None, resolved=resolved,
         notices=tuple(e for e in events if isinstance(e, Notice)),
         decode=tuple(e for e in events if isinstance(e, DecodeStats)),

@@ -137,15 +137,26 @@ def measured_effects(runs: Iterable[RunRow]) -> dict[str, MeasuredEffect]:
     return effects
 
 
+def recorded_arms(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
+                  bench: Mapping[str, Any]) -> tuple[list[Reference], dict[str, MeasuredEffect]]:
+    """Every measured arm in the history at this request shape (the history read once), and the flags'
+    measured effects."""
+    runs = _matching(store, model=model, backend=backend, hosts=hosts, shape=shape_of(bench))
+    return references(runs), measured_effects(runs)
+
+
+def fastest(arms: Iterable[Reference], flags: Mapping[str, FlagValue] | None = None) -> Reference | None:
+    """The fastest arm per stream (only arms that ran exactly `flags`, when given)."""
+    return max((r for r in arms if flags is None or dict(r.flags) == dict(flags)), key=lambda r: r.per_stream,
+               default=None)
+
+
 def best_reference(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
                    bench: Mapping[str, Any], flags: Mapping[str, FlagValue] | None = None
                    ) -> tuple[Reference | None, dict[str, MeasuredEffect]]:
-    """The fastest arm per stream in the history at this request shape (only arms that ran exactly `flags`,
-    when given), and the flags' measured effects."""
-    runs = _matching(store, model=model, backend=backend, hosts=hosts, shape=shape_of(bench))
-    arms = [r for r in references(runs) if flags is None or dict(r.flags) == dict(flags)]
-    best = max(arms, key=lambda r: r.per_stream, default=None)
-    return best, measured_effects(runs)
+    """fastest(recorded_arms(...)): the best arm at this request shape, and the flags' measured effects."""
+    arms, effects = recorded_arms(store, model=model, backend=backend, hosts=hosts, bench=bench)
+    return fastest(arms, flags), effects
 
 
 def diff_findings(running: Mapping[str, FlagValue], reference: Mapping[str, FlagValue], source: str,

@@ -83,6 +83,19 @@ def _graph_off_by_user(ev: Evidence) -> bool:
         "cuda-graph-backend-prefill") == "disabled"
 
 
+def fix_text(fix: PendingFlags) -> str:
+    """The flags of a fix for people: "--enable-single-batch-overlap, unset --disable-overlap-schedule"."""
+    parts = []
+    for name, value in fix.items():
+        if value is None:
+            parts.append(f"unset --{name}")
+        elif value is True:
+            parts.append(f"--{name}")
+        else:
+            parts.append(f"--{name} {format_value(value)}")
+    return ", ".join(parts)
+
+
 def check_prefill_graph(ev: Evidence) -> Verdict | None:
     """The prefill (piecewise) CUDA graph requested or defaulted on, resolved off by SGLang's own rules."""
     if _graph_off_by_user(ev):
@@ -104,7 +117,7 @@ def check_prefill_graph(ev: Evidence) -> Verdict | None:
     cause = ("because the model class counts as multimodal (a text-only deployment does not need that)"
              if multimodal else "by SGLang's auto-disable rules (speculative decoding, a multimodal model class, "
              "...); the log does not say which")
-    shown = " ".join(f"--{k} {format_value(v)}" if v is not True else f"--{k}" for k, v in fix.items())
+    shown = fix_text(fix)
     return Verdict("fix", f"the prefill (piecewise) CUDA graph was switched off {cause}", tuple(evidence), fix,
                    f"{shown} keeps it on in {ev.version or 'this release'}")
 
@@ -323,41 +336,36 @@ def check_memory_idle(ev: Evidence) -> Verdict | None:
     return Verdict("fix", what, (*evidence, source), {flag: target}, why)
 
 
-def _rule(id: str, backend: str, versions: tuple[str, str], title: str, needs: tuple[str, ...], why: str,
-          check: Callable[[Evidence], Verdict | None]) -> Rule:
-    return Rule(id, backend, versions, title, needs, why, check)
-
-
 RULES: tuple[Rule, ...] = (
-    _rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
+    Rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
           ("log", "server_info", "argv"),
           "without it every prefill runs eagerly: slower time to first token and slower mixed batches",
           check_prefill_graph),
-    _rule("single_batch_overlap_off", "sglang", ("0.5.3", ""), "Single-batch overlap off with TP > 1",
+    Rule("single_batch_overlap_off", "sglang", ("0.5.3", ""), "Single-batch overlap off with TP > 1",
           ("server_info", "argv"), "the TP all-reduce and the compute of one batch run one after the other",
           check_single_batch_overlap),
-    _rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off", ("server_info", "argv", "log"),
+    Rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off", ("server_info", "argv", "log"),
           "the CPU's scheduling of the next batch waits for the GPU instead of running under it",
           check_overlap_schedule),
-    _rule("flashinfer_allreduce_fusion", "sglang", ("0.4.10.post2", ""), "FlashInfer all-reduce fusion",
+    Rule("flashinfer_allreduce_fusion", "sglang", ("0.4.10.post2", ""), "FlashInfer all-reduce fusion",
           ("gpu_facts", "argv", "server_info"), "fuses the TP all-reduce with the norm that follows it",
           check_allreduce_fusion),
-    _rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS", ("gpu_facts", "argv", "server_info"),
+    Rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS", ("gpu_facts", "argv", "server_info"),
           "all-reduce inside the NVLink Switch: less time in TP communication", check_nccl_nvls),
-    _rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent", ("server_info", "argv"),
+    Rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent", ("server_info", "argv"),
           "speculation multiplies tokens per step; mismatched draft tokens waste verify work", check_speculation),
-    _rule("accept_length_low", "sglang", ("", ""), "Speculation not paying", ("log",),
+    Rule("accept_length_low", "sglang", ("", ""), "Speculation not paying", ("log",),
           "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
-    _rule("accept_length_low", "vllm", ("", ""), "Speculation not paying", ("log",),
+    Rule("accept_length_low", "vllm", ("", ""), "Speculation not paying", ("log",),
           "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
-    _rule("graph_max_bs_below_batch", "sglang", ("", ""), "CUDA graph max batch size below the running batch",
+    Rule("graph_max_bs_below_batch", "sglang", ("", ""), "CUDA graph max batch size below the running batch",
           ("log", "server_info"), "batches above the captured size run eagerly, several times slower per step",
           check_graph_max_bs),
-    _rule("decode_without_graph", "sglang", ("", ""), "Decode without CUDA graph", ("log", "argv", "server_info"),
+    Rule("decode_without_graph", "sglang", ("", ""), "Decode without CUDA graph", ("log", "argv", "server_info"),
           "an eager decode step pays the kernel launch overhead every token", check_decode_graph),
-    _rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
+    Rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
-    _rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
+    Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
 )
 

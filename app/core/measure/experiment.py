@@ -351,9 +351,3 @@ class Experiment:
         errors = f", {summary.errors} errors" if summary.errors else ""
         self._emit("trial", f"arm {arm.label} trial {trial_idx + 1}: {shown}{errors}", arm=arm_idx,
                    trial=trial_idx, trials_done=done + 1, trials_total=total, value=value)
-
-
-async def run_experiment(spec: ExperimentSpec, owner: ServerOwner, store: HistoryStore | None = None,
-                         on_progress: Callable[[ExperimentProgress], None] | None = None) -> ExperimentResult:
-    """Convenience: Experiment(spec, owner, store, on_progress=...).run()."""
-    return await Experiment(spec, owner, store, on_progress=on_progress).run()

@@ -76,8 +76,6 @@ class JobRecord:
     launched_by: str
     launched_at: float
     gpus: list[int]
-    driver: str = ""
-    driver_since: float = 0.0
     baseline_mib: dict[str, int] = field(default_factory=dict)
     phase_times: dict[str, float] = field(default_factory=dict)
     ready_at: float | None = None
@@ -152,7 +150,6 @@ _FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pgid": (lambda v: v is None or _is_int(v), "an integer or null"),
     "launched_at": (_is_num, "a number"),
     "gpus": (lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v), "a list of GPU indexes"),
-    "driver_since": (_is_num, "a number"),
     "baseline_mib": (lambda v: isinstance(v, dict) and all(map(_is_int, v.values())), "an object of MiB"),
     "phase_times": (lambda v: isinstance(v, dict) and all(map(_is_num, v.values())), "an object of seconds"),
     "ready_at": (lambda v: v is None or _is_num(v), "a number or null"),

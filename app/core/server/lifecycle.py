@@ -238,8 +238,6 @@ class ServerLifecycle:
             launched_by=me,
             launched_at=now,
             gpus=list(profile.gpus),
-            driver=me,
-            driver_since=now,
             baseline_mib={str(k): v for k, v in baseline.items()},
             profile_file=jobs.profile_file_of(profile),
         )
@@ -351,9 +349,13 @@ class ServerLifecycle:
     async def _follow_relaunch(self, current: jobs.JobRecord) -> None:
         self._say(f"{current.launched_by or 'someone'} relaunched {self.profile.name}: following pid {current.pid} "
                   f"(group {current.pgid}) instead of the server that was here", "warning")
-        if await self.attach():
-            self.profile = dataclasses.replace(self.profile, flags=dict(current.flags))
-            self._emit(Launched(current, self.profile))
+        await self._adopt()
+
+    async def _adopt(self) -> None:
+        """Watch the job the record on the host names now, and tell listeners it is what runs (Launched)."""
+        if await self.attach() and self.record is not None:
+            self.profile = dataclasses.replace(self.profile, flags=dict(self.record.flags))
+            self._emit(Launched(self.record, self.profile))
 
     def _mark_crashed(self, record: jobs.JobRecord) -> None:
         was = self.state
@@ -395,19 +397,17 @@ class ServerLifecycle:
         self._set_state(target)
 
     def _became_ready(self, record: jobs.JobRecord, *, confirm: bool = True) -> None:
-        if self.state in STARTING_STATES and self._attached_times is not None:
-            self._set_state(ServerState.READY)
-        elif self.state in STARTING_STATES:
-            self._set_state(ServerState.READY)
-            times = self.phase_times
-            if "ready" in times:
-                self._say(f"ready after {times['ready']:.1f} s")
-            else:
-                self._say("ready")
-            record.outcome = "ready"
-            record.ready_at = time.time()
-            record.phase_times = times
-            self._spawn(self._confirm_health(record) if confirm else self._save(record))
+        if self.state not in STARTING_STATES:
+            return
+        self._set_state(ServerState.READY)
+        if self._attached_times is not None:  # re-attached: the record already holds this launch's times
+            return
+        times = self.phase_times
+        self._say(f"ready after {times['ready']:.1f} s" if "ready" in times else "ready")
+        record.outcome = "ready"
+        record.ready_at = time.time()
+        record.phase_times = times
+        self._spawn(self._confirm_health(record) if confirm else self._save(record))
 
     async def _poll_health_ready(self, record: jobs.JobRecord, follower: asyncio.Task[None]) -> None:
         """A custom profile with only a health_url: READY when the URL first answers 200."""
@@ -441,9 +441,8 @@ class ServerLifecycle:
             await jobs.save_job(self.host, record)
         except jobs.StaleRecord as exc:
             self._say(str(exc), "warning")
-            if follow and self.record is record and await self.attach() and self.record is not None:
-                self.profile = dataclasses.replace(self.profile, flags=dict(self.record.flags))
-                self._emit(Launched(self.record, self.profile))
+            if follow and self.record is record:
+                await self._adopt()
 
     # ---- kill and free ---------------------------------------------------------------------------
     async def kill(self, *, confirm_free: bool = True) -> FreeVerdict | None:
@@ -558,9 +557,7 @@ class ServerLifecycle:
         self.refuse_rejected(profile)  # a doomed relaunch keeps the running server
         if change:
             self._say(f"relaunch: {change}")
-        for key in list(self._marks):
-            self._marks.pop(key)
-        self._attached_times = None
+        self._marks.clear()
         verdict = await self.kill(confirm_free=True)
         if verdict is not None and not verdict.confirmed:
             raise LaunchRefused(

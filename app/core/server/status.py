@@ -46,12 +46,8 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
             telling = telling_fatal(telling, event)
     if members:
         state = state_from_log(events)
-    elif record.outcome == "killed":
-        state = ServerState.STOPPED
-    elif record.outcome in ("running", "ready"):
-        state = ServerState.CRASHED
-    else:
-        state = ServerState.CRASHED if record.outcome == "crashed" else ServerState.STOPPED
+    else:  # gone: it died on its own unless it was killed (or never got further than "launching")
+        state = ServerState.CRASHED if record.outcome in ("running", "ready", "crashed") else ServerState.STOPPED
     return StatusReport(profile, host.name, state, record, members, notices, telling.text if telling else None)
 
 
