@@ -144,11 +144,11 @@ class Host(abc.ABC):
     async def find_env(self, line: str) -> list[int]:
         """The pids of processes (readable by us) whose environment holds exactly `line` (NAME=value)."""
         result = await self.run(["sh", "-c", FIND_ENV_SCRIPT, "sh", line], timeout=60.0)
-        pids = []
+        pids = set()
         for path in result.stdout.splitlines():
             parts = path.split("/")
             if len(parts) == 4 and parts[2].isdigit():
-                pids.append(int(parts[2]))
+                pids.add(int(parts[2]))
         return sorted(pids)
 
     async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:

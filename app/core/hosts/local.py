@@ -11,6 +11,7 @@ import fcntl
 import os
 import signal
 import tempfile
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 
@@ -340,18 +341,35 @@ def _read_environ(pid: int) -> dict[str, str] | None:
 
 
 def _find_env(line: str) -> list[int]:
+    """The pids whose environment holds `line`. A process caught inside an exec() reads as an empty environment
+    for a moment (the old image is gone, the new one not yet mapped): every empty read is read again, twice,
+    a millisecond apart, so that a job starting up through `sh` and `env` is not missed."""
     wanted = line.encode()
-    found = []
+    found: list[int] = []
+    empty: list[int] = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                if wanted in handle.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            _match_environ(int(entry.name), wanted, found, empty)
+    for _ in range(2):
+        if not empty:
+            break
+        time.sleep(0.001)
+        again, empty = empty, []
+        for pid in again:
+            _match_environ(pid, wanted, found, empty)
     return sorted(found)
+
+
+def _match_environ(pid: int, wanted: bytes, found: list[int], empty: list[int]) -> None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return
+    if not raw:
+        empty.append(pid)
+    elif wanted in raw.split(b"\0"):
+        found.append(pid)
 
 
 def _signal_proven(proof: LeaderProof, signal_number: int) -> bool:

@@ -23,7 +23,10 @@ ENV_VALUE_SCRIPT = r"""f=/proc/$1/environ
 tr '\0' '\n' < "$f" | awk -v n="$2=" 'index($0, n) == 1 { print substr($0, length(n) + 1); found = 1; exit }
 END { exit !found }'"""
 # $1 NAME=value: the environ files that hold exactly that line (GNU or busybox grep -z).
-FIND_ENV_SCRIPT = 'grep -laxzF -e "$1" /proc/[0-9]*/environ 2>/dev/null; exit 0'
+# Twice, 10 ms apart: a process caught inside an exec() reads as an empty environment for a moment (a job
+# starting through `sh` and `env`); the caller merges the two lists.
+FIND_ENV_SCRIPT = ('grep -laxzF -e "$1" /proc/[0-9]*/environ 2>/dev/null; sleep 0.01; '
+                   'grep -laxzF -e "$1" /proc/[0-9]*/environ 2>/dev/null; exit 0')
 IDENTITY_SCRIPT = "cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo; uname -n"
 
 # A file write: $1 path, $2 its length in bytes, $3 "any", or the sha256 the file must still hold ("absent": it
