@@ -79,9 +79,27 @@ async def server_info(request: web.Request) -> web.Response:
 
 
 async def model_info(request: web.Request) -> web.Response:
+    """/model_info (and the deprecated /get_model_info) with the fields of the release spoken, in its order:
+    0.5.10-0.5.15 http_server.model_info, and from 0.5.23 also served_model_name, load_format, the parsers and
+    disaggregation_mode (read from the real packages: scripts/sglang-cli-env)."""
     srv = _server(request)
-    return web.json_response({"model_path": srv.args["model_path"], "tokenizer_path": srv.args["tokenizer_path"],
-                              "is_generation": True, "has_image_understanding": bool(srv.model["multimodal"])})
+    args = srv.args
+    if request.path == "/get_model_info":
+        log("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+            "Please use '/model_info' instead.")
+    multimodal = bool(srv.model["multimodal"])
+    info: dict[str, Any] = {"model_path": args["model_path"]}
+    if srv.running.version != "0.5.10":
+        info["served_model_name"] = args["served_model_name"]
+    info.update({"tokenizer_path": args["tokenizer_path"], "is_generation": True,
+                 "preferred_sampling_params": args.get("preferred_sampling_params"),
+                 "weight_version": args.get("weight_version", "default")})
+    if srv.running.version != "0.5.10":
+        info.update({name: args.get(name) for name in ("load_format", "reasoning_parser", "tool_call_parser",
+                                                       "disaggregation_mode")})
+    info.update({"has_image_understanding": multimodal, "has_audio_understanding": False,
+                 "model_type": srv.model["model_type"], "architectures": [srv.model["architecture"]]})
+    return web.json_response(info)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -28,7 +28,8 @@ def _run(data: Path, *args: str, timeout: float = 120) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize(("version", "graph_fix", "evidence"), [
-    ("0.5.10", {"enforce-piecewise-cuda-graph": True}, "/get_server_info disable_piecewise_cuda_graph=True"),
+    ("0.5.10", {"enforce-piecewise-cuda-graph": True},
+     "/model_info architectures=['Qwen3_5ForConditionalGeneration'], has_image_understanding=True"),
     ("0.5.23", {"cuda-graph-backend-prefill": "breakable"},
      "Breakable CUDA graph is incompatible with multimodal model; disabling prefill CUDA graph."),
 ])
@@ -61,6 +62,7 @@ def test_advise_after_a_slower_relaunch(make_profile: MakeProfile, tmp_path: Pat
     graph = rules["prefill_graph_auto_disabled"]
     assert graph["status"] == "fix" and graph["fix"] == graph_fix
     assert any(evidence in line for line in graph["evidence"]), graph["evidence"]
+    assert "multimodal" in graph["what"], graph["what"]  # 0.5.10: from /model_info; 0.5.23: from its notice
     assert rules["single_batch_overlap_off"]["fix"] == {"enable-single-batch-overlap": True}
     for gpu_rule in ("flashinfer_allreduce_fusion", "nccl_nvls"):
         finding = rules[gpu_rule]

@@ -77,9 +77,46 @@ def test_simulated_0510_server_info_fires_the_graph_and_overlap_rules_in_0510s_f
     graph = rules["prefill_graph_auto_disabled"]
     assert graph.fix == {"enforce-piecewise-cuda-graph": True}
     assert "/get_server_info disable_piecewise_cuda_graph=True (requested: on by default)" in graph.evidence
-    assert "the log does not say which" in graph.what  # no notice: the cause is not claimed
+    # no notice and no /model_info: only what /get_server_info shows is named (0.5.10's silent rule, condition 2)
+    assert "because speculative decoding is on" in graph.what and "multimodal" not in graph.what
+    assert "/get_server_info speculative_algorithm='EAGLE'" in graph.evidence
     assert rules["single_batch_overlap_off"].fix == {"enable-single-batch-overlap": True}
     assert rules["overlap_schedule_off"].status == "advice" and not rules["overlap_schedule_off"].fix
+
+
+SIM_0510_MODEL_INFO: dict[str, Any] = {  # the simulated 0.5.10's /model_info for the demo's model (real fields)
+    "model_path": "sim/qwen3.6-27b", "tokenizer_path": "sim/qwen3.6-27b", "is_generation": True,
+    "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": True,
+    "has_audio_understanding": False, "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]}
+
+
+def test_0510_names_the_multimodal_class_from_model_info_and_every_condition_met() -> None:
+    graph = _by_rule(evaluate(Evidence("sglang", DEMO_FLAGS, version="0.5.10", resolved=SIM_0510_INFO,
+                                       model_info=SIM_0510_MODEL_INFO)))["prefill_graph_auto_disabled"]
+    assert "the model class Qwen3_5ForConditionalGeneration counts as multimodal" in graph.what
+    assert "speculative decoding is on" in graph.what
+    assert any(line.startswith("/model_info architectures=['Qwen3_5ForConditionalGeneration']")
+               and "has_image_understanding=True" in line for line in graph.evidence)
+    # --language-only is not part of the fix: real 0.5.10 ignores it for this rule and refuses it without encoders
+    assert graph.fix == {"enforce-piecewise-cuda-graph": True}
+
+
+def test_0510_with_a_text_model_and_no_condition_met_names_no_cause() -> None:
+    info = {**SIM_0510_INFO, "speculative_algorithm": None}
+    text_model = {**SIM_0510_MODEL_INFO, "has_image_understanding": False, "architectures": ["LlamaForCausalLM"]}
+    flags = {"tp-size": 2}
+    graph = _by_rule(evaluate(Evidence("sglang", flags, version="0.5.10", resolved=info,
+                                       model_info=text_model)))["prefill_graph_auto_disabled"]
+    assert "neither the log nor the server's answers say which" in graph.what
+    assert graph.evidence == ("/get_server_info disable_piecewise_cuda_graph=True (requested: on by default)",)
+
+
+def test_0510_model_info_placeholders_claim_no_multimodal_cause() -> None:
+    for bad in ({"has_image_understanding": "[N/A]"}, {"architectures": None}, {}):
+        info = {"architectures": ["X"], **bad}
+        graph = _by_rule(evaluate(Evidence("sglang", DEMO_FLAGS, version="0.5.10", resolved=SIM_0510_INFO,
+                                           model_info=info)))["prefill_graph_auto_disabled"]
+        assert "multimodal" not in graph.what
 
 
 def test_the_graph_turned_off_by_the_users_own_flag_is_not_called_auto_disabled() -> None:
@@ -174,3 +211,52 @@ def test_vllm_gets_no_sglang_rule_and_claims_nothing_from_its_log() -> None:
     rules = _by_rule(evaluate(Evidence("vllm", {"speculative-config": {"num_speculative_tokens": 3}},
                                        spec_decode=low)))
     assert rules["accept_length_low"].status == "advice" and set(rules) == {"accept_length_low"}
+
+
+def _vllm_from_log(name: str, flags: dict[str, Any]) -> Evidence:
+    from app.core.data import PhaseEvent
+    from app.core.logs.parser import vllm_engine_config
+
+    lines = (LOGS / name).read_text().splitlines()
+    events = parse_lines(lines, "vllm").events
+    engine, where = vllm_engine_config(lines)
+    return Evidence("vllm", flags, version=engine.get("version"), engine=engine, engine_line=where,
+                    notices=tuple(e for e in events if isinstance(e, Notice)),
+                    phases=tuple(e for e in events if isinstance(e, PhaseEvent)))
+
+
+def test_real_vllm_cpu_engine_line_is_read_field_by_field() -> None:
+    from app.core.logs.parser import vllm_engine_config
+
+    engine, where = vllm_engine_config((LOGS / "vllm_cpu_0320_compiled_real.log").read_text().splitlines())
+    assert engine == {"version": "0.32.0", "enforce_eager": "False", "device": "cpu",
+                      "compilation_mode": "DYNAMO_TRACE_ONCE", "cudagraph_mode": "NONE",
+                      "speculative_config": "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3)"}
+    assert where is not None and where.number == 23
+    assert vllm_engine_config(["no engine here", "Initializing a V1 LLM engine without config"]) == ({}, None)
+
+
+def test_real_vllm_cpu_eager_is_advice_and_graphs_have_nothing_to_do_on_cpu() -> None:
+    eager = _by_rule(evaluate(_vllm_from_log("vllm_cpu_0320_real.log", {"enforce-eager": True})))
+    assert eager["eager_mode"].status == "advice" and not eager["eager_mode"].fix  # CPU: no CUDA graphs to lose
+    assert any("Enforce eager set" in line for line in eager["eager_mode"].evidence)
+    assert "cudagraph_mode_none" not in eager  # eager explains it
+    compiled = _by_rule(evaluate(_vllm_from_log("vllm_cpu_0320_compiled_real.log", {})))
+    assert "eager_mode" not in compiled
+    assert compiled["cudagraph_mode_none"].status == "nothing_to_do"
+    assert "no CUDA graphs on CPU" in compiled["cudagraph_mode_none"].reason
+    assert "speculation" not in compiled  # n-gram speculation runs
+
+
+def test_vllm_on_a_gpu_gets_the_eager_and_graph_fixes_in_its_own_flags() -> None:
+    line = LogLine(7, "Initializing a V1 LLM engine (v0.33.0) with config: ...")
+    gpu = {"version": "0.33.0", "enforce_eager": "True", "device": "cuda", "cudagraph_mode": "NONE"}
+    eager = _by_rule(evaluate(Evidence("vllm", {"enforce-eager": True}, engine=gpu, engine_line=line)))
+    assert eager["eager_mode"].fix == {"enforce-eager": None}
+    no_graph = {**gpu, "enforce_eager": "False", "compilation_mode": "VLLM_COMPILE", "speculative_config": "None"}
+    rules = _by_rule(evaluate(Evidence("vllm", {}, version="0.33.0", engine=no_graph, engine_line=line)))
+    assert rules["cudagraph_mode_none"].fix == {"compilation-config.cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert "log line 7 (engine config): cudagraph_mode=NONE" in rules["cudagraph_mode_none"].evidence
+    assert rules["speculation"].status == "advice"
+    # without the engine line nothing is claimed
+    assert not {"eager_mode", "cudagraph_mode_none", "speculation"} & set(_by_rule(evaluate(Evidence("vllm", {}))))

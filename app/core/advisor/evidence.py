@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.data import DecodeStats, FlagValue, GpuSample, Notice, PhaseEvent, SpecDecodeStats
+from app.core.data import DecodeStats, FlagValue, GpuSample, LogLine, Notice, PhaseEvent, SpecDecodeStats
 from app.core.flags.values import get_flag
 from app.core.hosts.base import Host, HostError
-from app.core.logs.parser import parse_lines
-from app.core.measure.http_probes import server_info
+from app.core.logs.parser import parse_lines, vllm_engine_config
+from app.core.measure.http_probes import get_json, server_info
 from app.core.server.jobs import JobRecord
 from app.core.telemetry.smi import telemetry_for
 from app.core.telemetry.topology import GpuFacts, read_gpu_facts
@@ -34,6 +34,9 @@ class Evidence:
     requested: Mapping[str, FlagValue]  # the flags it was launched with (the job record's)
     version: str | None = None  # the release, from /get_server_info (or /version)
     resolved: Mapping[str, Any] | None = None  # /get_server_info: the args after the server's own rules
+    model_info: Mapping[str, Any] | None = None  # SGLang's /model_info: architectures, has_image_understanding
+    engine: Mapping[str, str] = field(default_factory=dict)  # vLLM's engine-config line (logs.parser)
+    engine_line: LogLine | None = None
     notices: tuple[Notice, ...] = ()
     decode: tuple[DecodeStats, ...] = ()
     spec_decode: tuple[SpecDecodeStats, ...] = ()
@@ -99,6 +102,10 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
                         else "server info: no answer from /version")
     version = info.get("version") if info else None
     resolved = info if info is not None and record.backend == "sglang" else None
+    model_info: dict[str, Any] | None = None
+    if resolved is not None:
+        with contextlib.suppress(HostError, OSError):
+            model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
     text: str | None = None
     if record.log_path:
         with contextlib.suppress(HostError, OSError):
@@ -107,6 +114,8 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
         problems.append(f"log: {record.log_path or 'no log path'} not readable")
     # a whole log can be large: parsed in a thread, never on the dashboard's event loop
     parsed = await asyncio.to_thread(parse_lines, text.splitlines(), record.backend) if text is not None else None
+    engine, engine_line = ({}, None) if text is None or record.backend != "vllm" else await asyncio.to_thread(
+        vllm_engine_config, text.splitlines())
     events = parsed.events if parsed is not None else ()
     gpus: tuple[GpuSample, ...] = ()
     telemetry = telemetry_for(host, "smi", tuple(record.gpus))
@@ -123,6 +132,7 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
     return Evidence(
         backend=record.backend, requested=dict(record.flags),
         version=version if isinstance(version, str) and version else None, resolved=resolved,
+        model_info=model_info, engine=engine, engine_line=engine_line,
         notices=tuple(e for e in events if isinstance(e, Notice)),
         decode=tuple(e for e in events if isinstance(e, DecodeStats)),
         spec_decode=tuple(e for e in events if isinstance(e, SpecDecodeStats)),

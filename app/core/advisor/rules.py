@@ -96,6 +96,66 @@ def fix_text(fix: PendingFlags) -> str:
     return ", ".join(parts)
 
 
+def _is_true(value: object) -> bool:
+    return value is True
+
+
+def _above(limit: int) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value > limit
+
+
+# SGLang 0.5.10-0.5.12 turn the piecewise CUDA graph off *silently* (ServerArgs._handle_piecewise_cuda_graph of the
+# real 0.5.10, read from the package: scripts/sglang-cli-env): these are its conditions that /get_server_info
+# shows, as (field, test, cause). The multimodal one comes from /model_info (`_multimodal_cause`).
+SILENT_PREFILL_GRAPH_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("speculative_algorithm", lambda value: isinstance(value, str) and bool(value), "speculative decoding is on"),
+    ("enable_dp_attention", _is_true, "DP attention is on"),
+    ("enable_torch_compile", _is_true, "torch.compile is on"),
+    ("pp_size", _above(1), "pipeline parallelism is on"),
+    ("moe_a2a_backend", lambda value: isinstance(value, str) and value not in ("", "none"), "a MoE all-to-all "
+     "backend is set"),
+    ("enable_lora", _is_true, "LoRA is on"),
+    ("load_format", lambda value: value == "gguf", "the weights are GGUF"),
+    ("quantization", lambda value: value == "gguf", "the weights are GGUF"),
+    ("dllm_algorithm", lambda value: isinstance(value, str) and bool(value), "a diffusion LLM algorithm is set"),
+    ("cpu_offload_gb", _above(0), "CPU offload is on"),
+    ("enable_hierarchical_cache", _is_true, "the hierarchical cache is on"),
+    ("enable_deterministic_inference", _is_true, "deterministic inference is on"),
+    ("disaggregation_mode", lambda value: isinstance(value, str) and value not in ("", "null"), "PD "
+     "disaggregation is on"),
+    ("enable_symm_mem", _is_true, "symmetric memory is on"),
+    ("enable_eplb", _is_true, "EPLB is on"),
+    ("attn_cp_size", _above(1), "context parallelism is on"),
+)
+
+
+def _multimodal_cause(ev: Evidence) -> tuple[str, str] | None:
+    """(cause, evidence) when /model_info says the model class is multimodal; None when it says not, or is absent."""
+    info = ev.model_info or {}
+    flags = {name: info.get(name) for name in ("has_image_understanding", "has_audio_understanding")}
+    if not any(value is True for value in flags.values()):
+        return None
+    architectures = info.get("architectures")
+    name = architectures[0] if isinstance(architectures, list) and architectures and isinstance(
+        architectures[0], str) else "the model's class"
+    shown = ", ".join(f"{key}={value}" for key, value in flags.items() if value is not None)
+    return (f"the model class {name} counts as multimodal (a text-only deployment does not need that)",
+            f"/model_info architectures={architectures!r}, {shown}")
+
+
+def silent_prefill_graph_causes(ev: Evidence) -> list[tuple[str, str]]:
+    """The conditions of 0.5.10-0.5.12's silent rule that the server's own answers show as met: (cause, evidence)."""
+    causes = []
+    multimodal = _multimodal_cause(ev)
+    if multimodal is not None:
+        causes.append(multimodal)
+    for name, test, cause in SILENT_PREFILL_GRAPH_RULES:
+        value = ev.field(name)
+        if test(value):
+            causes.append((cause, f"/get_server_info {name}={value!r}"))
+    return causes
+
+
 def check_prefill_graph(ev: Evidence) -> Verdict | None:
     """The prefill (piecewise) CUDA graph requested or defaulted on, resolved off by SGLang's own rules."""
     if _graph_off_by_user(ev):
@@ -113,10 +173,17 @@ def check_prefill_graph(ev: Evidence) -> Verdict | None:
         evidence.append("/get_server_info cuda_graph_backend_prefill='disabled' (requested: default)")
     if not evidence:
         return None
-    multimodal = any("multimodal" in n.text for n in notices)
-    cause = ("because the model class counts as multimodal (a text-only deployment does not need that)"
-             if multimodal else "by SGLang's auto-disable rules (speculative decoding, a multimodal model class, "
-             "...); the log does not say which")
+    if any("multimodal" in n.text for n in notices):
+        cause = "because the model class counts as multimodal (a text-only deployment does not need that)"
+    elif notices:
+        cause = "by SGLang's auto-disable rules (the notice above says why)"
+    else:
+        # 0.5.10-0.5.12 log nothing: the causes are the rule's conditions the server's answers show as met
+        causes = silent_prefill_graph_causes(ev) if not _later(ev.version, PREFILL_BACKEND_SINCE) else []
+        evidence += [source for _, source in causes]
+        cause = (f"because {' and '.join(text for text, _ in causes)} (SGLang {ev.version or ''} does so without "
+                 "a log line)" if causes else "by SGLang's auto-disable rules; neither the log nor the server's "
+                 "answers say which")
     shown = fix_text(fix)
     return Verdict("fix", f"the prefill (piecewise) CUDA graph was switched off {cause}", tuple(evidence), fix,
                    f"{shown} keeps it on in {ev.version or 'this release'}")
@@ -336,6 +403,65 @@ def check_memory_idle(ev: Evidence) -> Verdict | None:
     return Verdict("fix", what, (*evidence, source), {flag: target}, why)
 
 
+def _engine(ev: Evidence, name: str) -> tuple[str | None, str]:
+    """One field of vLLM's engine-config line, with the evidence text naming the line."""
+    value = ev.engine.get(name)
+    if value is None or ev.engine_line is None:
+        return None, ""
+    shown = "mode" if name == "compilation_mode" else name
+    return value, f"log line {ev.engine_line.number} (engine config): {shown}={value}"
+
+
+def _vllm_on_cpu(ev: Evidence) -> bool:
+    return ev.engine.get("device") == "cpu" or any(p.detail.get("device") == "CPU" for p in ev.phases)
+
+
+def check_vllm_eager(ev: Evidence) -> Verdict | None:
+    """--enforce-eager (asked for, or in the engine config): no CUDA graphs and no torch.compile."""
+    value, source = _engine(ev, "enforce_eager")
+    requested = ev.flag("enforce-eager") is True
+    if value != "True" and not requested:
+        return None
+    evidence = tuple(e for e in (source, "argv: --enforce-eager" if requested else "") if e)
+    notice = [n for n in ev.notices if n.text.startswith("Enforce eager set")]
+    evidence += tuple(_line(n.line) for n in notice[:1])
+    if _vllm_on_cpu(ev):
+        return Verdict("advice", "eager mode: torch.compile is off", evidence, {},
+                       "on CPU there are no CUDA graphs to lose; without --enforce-eager vLLM compiles the model "
+                       "once at start (slower start, maybe faster steps): A/B it")
+    return Verdict("fix", "eager mode: CUDA graphs and torch.compile are off", evidence, {"enforce-eager": None},
+                   "every decode step then pays the kernel launch overhead")
+
+
+def check_vllm_cudagraph_mode(ev: Evidence) -> Verdict | None:
+    """cudagraph_mode NONE in the engine config while not eager: no CUDA graph although graphs are possible."""
+    mode, source = _engine(ev, "cudagraph_mode")
+    if mode != "NONE" or ev.engine.get("enforce_eager") == "True" or ev.flag("enforce-eager") is True:
+        return None
+    if _vllm_on_cpu(ev):
+        return Verdict("nothing_to_do", "cudagraph_mode is NONE", (source, "engine config: device=cpu"), {},
+                       "there are no CUDA graphs on CPU")
+    if ev.flag("compilation-config.cudagraph_mode") == "NONE":
+        return None  # asked for
+    evidence = [source]
+    _, compilation_source = _engine(ev, "compilation_mode")
+    if compilation_source:
+        evidence.append(compilation_source)
+    evidence += [_line(n.line) for n in ev.notices if n.text.startswith("Cudagraph mode")][:1]
+    return Verdict("fix", "vLLM runs without CUDA graphs (cudagraph_mode NONE) although not asked to", tuple(evidence),
+                   {"compilation-config.cudagraph_mode": "FULL_AND_PIECEWISE"},
+                   "FULL_AND_PIECEWISE is vLLM's default where the compilation mode allows it")
+
+
+def check_vllm_speculation(ev: Evidence) -> Verdict | None:
+    value, source = _engine(ev, "speculative_config")
+    if value != "None":
+        return None
+    return Verdict("advice", "speculative decoding is off", (source,), {},
+                   "--speculative-config (n-gram needs no draft model; EAGLE/MTP need a draft or the model's heads): "
+                   "A/B it")
+
+
 RULES: tuple[Rule, ...] = (
     Rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
           ("log", "server_info", "argv"),
@@ -365,6 +491,12 @@ RULES: tuple[Rule, ...] = (
           "an eager decode step pays the kernel launch overhead every token", check_decode_graph),
     Rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
+    Rule("eager_mode", "vllm", ("", ""), "Eager mode (--enforce-eager)", ("log", "argv"),
+          "CUDA graphs replay a decode step as one launch; torch.compile fuses its kernels", check_vllm_eager),
+    Rule("cudagraph_mode_none", "vllm", ("0.10.2", ""), "CUDA graphs off (cudagraph_mode NONE)", ("log", "argv"),
+          "an eager decode step pays the kernel launch overhead every token", check_vllm_cudagraph_mode),
+    Rule("speculation", "vllm", ("", ""), "Speculative decoding off", ("log",),
+          "speculation multiplies tokens per step", check_vllm_speculation),
     Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
 )

@@ -493,3 +493,25 @@ def parse_lines(lines: Iterable[str], backend: str | None = None) -> ParsedLog:
     return ParsedLog(
         parser.backend, tuple(events), parser.lines, parser.first_timestamp, parser.skipped, parser.unreadable
     )
+
+
+def vllm_engine_config(lines: Iterable[str]) -> tuple[dict[str, str], LogLine | None]:
+    """The fields of vLLM's last "Initializing a V1 LLM engine ... with config:" line (patterns.VLLM_ENGINE_FIELDS:
+    enforce_eager, device, compilation_mode, cudagraph_mode, speculative_config, and version), with that line; ({},
+    None) when the log has none. A field the line does not carry is absent, never guessed."""
+    found: dict[str, str] = {}
+    where: LogLine | None = None
+    for number, raw in enumerate(lines, start=1):
+        if "Initializing a V1 LLM engine" not in raw:
+            continue
+        text = clean_line(raw[:LOG_LINE_MAX])
+        head = lp.VLLM_ENGINE_CONFIG.search(text)
+        if head is None:
+            continue
+        found = {"version": head["version"]}
+        for name, pattern in lp.VLLM_ENGINE_FIELDS:
+            match = pattern.search(text, head.end())
+            if match is not None:
+                found[name] = match[1]
+        where = LogLine(number, text)
+    return found, where

@@ -276,6 +276,18 @@ VLLM_SPEC_V0 = re.compile(
     r"Number of speculative tokens: (?P<k>\d+), Number of accepted tokens: (?P<acc>\d+), "
     r"Number of draft tokens(?: tokens)?: (?P<draft>\d+), Number of emitted tokens(?: tokens)?: (?P<emitted>\d+)"
 )
+# vLLM's engine start: "Initializing a V1 LLM engine (v0.32.0) with config: model=..., enforce_eager=False, ...,
+# device_config=cpu, ..., compilation_config={'mode': <CompilationMode.DYNAMO_TRACE_ONCE: 2>, ...,
+# 'cudagraph_mode': <CUDAGraphMode.NONE: 0>, ...}" (v1/engine/core.py; the dict is CompilationConfig.__repr__,
+# which leaves out what was not set). Read by the advisor (app.core.advisor.evidence); each field optional.
+VLLM_ENGINE_CONFIG = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\) with config: ")
+VLLM_ENGINE_FIELDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("enforce_eager", re.compile(r"\benforce_eager=(True|False)\b")),
+    ("device", re.compile(r"\bdevice_config=([a-z]+)\b")),
+    ("compilation_mode", re.compile(r"'mode': <CompilationMode\.([A-Z_]+): ")),
+    ("cudagraph_mode", re.compile(r"'cudagraph_mode': <CUDAGraphMode\.([A-Z_]+): ")),
+    ("speculative_config", re.compile(r"\bspeculative_config=(None|SpeculativeConfig\([^)]*\))")),
+)
 
 # --- notices (docs/servers.md: SGLang's auto-disable rules, vLLM's warnings) --------------------------------
 
@@ -313,7 +325,10 @@ NOTICE_ROWS: tuple[tuple[str, str], ...] = (
     (r"does not require setting speculative_draft_model_path", WARNING),
     # CUDA graph (decode)
     (r"(?i:cuda ?graph)(?: and server warmup)? (?:is|are) disabled", AUTO_DISABLED),
-    (r"Enforce eager set, disabling torch\.compile and CUDAGraphs", AUTO_DISABLED),
+    # 0.11-0.31: "... disabling torch.compile and CUDAGraphs."; 0.32: "... disabling torch.compile, CUDAGraphs,
+    # and JIT kernel warmup."
+    (r"Enforce eager set, disabling torch\.compile,? (?:and )?CUDAGraphs", AUTO_DISABLED),
+    (r"Cudagraph mode \S+ is not compatible with compilation mode", AUTO_ADJUSTED),
     # FlashInfer allreduce fusion, NCCL, caches
     (r"FlashInfer allreduce fusion is forcibly disabled", AUTO_DISABLED),
     (r"Disable --enable-flashinfer-allreduce-fusion because", AUTO_DISABLED),
