@@ -65,3 +65,26 @@ def test_the_running_flags_own_run_is_found_so_a_faster_config_is_not_told_to_go
         own, _ = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE, flags=faster)
     assert reference is not None and unmeasured is None
     assert own is not None and own.run_id == own_id and own.per_stream > reference.per_stream
+
+
+def test_a_known_gain_is_not_undone_on_the_word_of_an_older_run() -> None:
+    from app.core.advisor.advise import keep_known_gains
+
+    running = {**THREE, "enforce-piecewise-cuda-graph": True, "enable-single-batch-overlap": True}
+    reference = {**THREE, "speculative-num-steps": 1}
+    diffs = diff_findings(running, reference, "history run #1 (bench)")
+    kept = {f.rule: f for f in keep_known_gains(diffs, running, "sglang", "0.5.10", {}, measured_running=False)}
+    for gain in ("enforce-piecewise-cuda-graph", "enable-single-batch-overlap"):
+        assert kept[f"history:{gain}"].status == "advice" and not kept[f"history:{gain}"].fix
+        assert "known gain" in kept[f"history:{gain}"].reason
+    assert kept["history:speculative-num-steps"].fix == {"speculative-num-steps": 1}  # no rule prefers a value
+    # measured: a run of the running flags slower than the reference, or an A/B effect of the flag, decides
+    assert keep_known_gains(diffs, running, "sglang", "0.5.10", {}, measured_running=True) == diffs
+    by_effect = {f.rule: f for f in keep_known_gains(diffs, running, "sglang", "0.5.10",
+                                                     {"enable-single-batch-overlap": object()}, False)}
+    assert by_effect["history:enable-single-batch-overlap"].status == "fix"
+    assert by_effect["history:enforce-piecewise-cuda-graph"].status == "advice"
+    # 0.5.23 prefers the breakable backend; a value the rule does not lead to is not protected
+    other = {**THREE, "cuda-graph-backend-prefill": "full"}
+    plain = keep_known_gains(diff_findings(other, THREE, "ref"), other, "sglang", "0.5.23", {}, False)
+    assert [f.status for f in plain] == ["fix"]

@@ -7,13 +7,15 @@ itself reports). Nothing here launches or changes anything: each fix is a set of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.advisor.evidence import Evidence, gather_evidence
 from app.core.advisor.history import Reference, diff_findings, fastest, recorded_arms
-from app.core.advisor.rules import Finding, PendingFlags, evaluate, fix_text
+from app.core.advisor.rules import RULES, Finding, PendingFlags, applies, evaluate, fix_text
 from app.core.errors import Reason, TunedashError
+from app.core.flags.values import get_flag
 from app.core.hosts.base import Host
 from app.core.measure.bench import BenchSpec
 from app.core.measure.store import HistoryStore
@@ -53,6 +55,27 @@ class Advice:
         return merged
 
 
+def keep_known_gains(slower: list[Finding], running: dict[str, Any], backend: str, version: str | None,
+                     effects: Mapping[str, Any], measured_running: bool) -> list[Finding]:
+    """The reference's differences, except that one undoing a gain the rules know (the running value is what a
+    rule's fix leads to: `Rule.prefers`) is no fix while neither an A/B effect of that flag nor a run of the
+    running flags says the reference is better: an older run without the gain is not evidence against it."""
+    if measured_running:
+        return slower
+    kept = []
+    for finding in slower:
+        flag = next(iter(finding.fix), None) if finding.rule.startswith("history:") else None
+        rule = next((r for r in RULES if flag is not None and applies(r, backend, version) and flag in r.prefers
+                     and get_flag(running, flag) == r.prefers[flag]), None)
+        if rule is None or flag in effects:
+            kept.append(finding)
+            continue
+        kept.append(replace(finding, status="advice", fix={}, reason=(
+            f"kept: {rule.title.lower()} is a known gain (Left on the table says why) and the reference run did not "
+            "have it; `b` (or `tunedash bench`) measures the running flags")))
+    return kept
+
+
 def _sources(ev: Evidence) -> dict[str, str]:
     facts = ev.gpu_facts
     sources = {
@@ -89,7 +112,8 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
         reference, own = fastest(arms), fastest(arms, running)
         # The running flags measured at least as fast as the best run: nothing is slower than before.
         if reference is not None and not (own is not None and own.per_stream >= reference.per_stream):
-            slower += diff_findings(running, reference.flags, reference.describe(), effects)
+            slower += keep_known_gains(diff_findings(running, reference.flags, reference.describe(), effects),
+                                       running, record.backend, ev.version, effects, own is not None)
     if against is not None:
         slower += diff_findings(running, dict(against.flags), f"profile {against.name} ({against.source})")
     return Advice(profile.name, host.name, record.backend, ev.version, running, reference,

@@ -10,7 +10,7 @@ claims what the server did not report (docs/architecture.md, the advisor).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -52,6 +52,9 @@ class Rule:
     needs: tuple[str, ...]  # evidence sources: "server_info", "argv", "log", "smi", "gpu_facts"
     why: str
     check: Callable[[Evidence], Verdict | None]
+    # The flag values the rule's fixes lead to: a server already running one of them has that gain, and the
+    # "slower than before?" section does not offer to undo it on the word of an older run (advise.py).
+    prefers: Mapping[str, FlagValue | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -466,18 +469,19 @@ RULES: tuple[Rule, ...] = (
     Rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
           ("log", "server_info", "argv"),
           "without it every prefill runs eagerly: slower time to first token and slower mixed batches",
-          check_prefill_graph),
+          check_prefill_graph, {"enforce-piecewise-cuda-graph": True, "cuda-graph-backend-prefill": "breakable"}),
     Rule("single_batch_overlap_off", "sglang", ("0.5.3", ""), "Single-batch overlap off with TP > 1",
           ("server_info", "argv"), "the TP all-reduce and the compute of one batch run one after the other",
-          check_single_batch_overlap),
+          check_single_batch_overlap, {"enable-single-batch-overlap": True}),
     Rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off", ("server_info", "argv", "log"),
           "the CPU's scheduling of the next batch waits for the GPU instead of running under it",
-          check_overlap_schedule),
+          check_overlap_schedule, {"disable-overlap-schedule": None}),
     Rule("flashinfer_allreduce_fusion", "sglang", ("0.4.10.post2", ""), "FlashInfer all-reduce fusion",
           ("gpu_facts", "argv", "server_info"), "fuses the TP all-reduce with the norm that follows it",
-          check_allreduce_fusion),
+          check_allreduce_fusion, {"enable-flashinfer-allreduce-fusion": True}),
     Rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS", ("gpu_facts", "argv", "server_info"),
-          "all-reduce inside the NVLink Switch: less time in TP communication", check_nccl_nvls),
+          "all-reduce inside the NVLink Switch: less time in TP communication", check_nccl_nvls,
+          {"enable-nccl-nvls": True}),
     Rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent", ("server_info", "argv"),
           "speculation multiplies tokens per step; mismatched draft tokens waste verify work", check_speculation),
     Rule("accept_length_low", "sglang", ("", ""), "Speculation not paying", ("log",),
@@ -492,9 +496,11 @@ RULES: tuple[Rule, ...] = (
     Rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
     Rule("eager_mode", "vllm", ("", ""), "Eager mode (--enforce-eager)", ("log", "argv"),
-          "CUDA graphs replay a decode step as one launch; torch.compile fuses its kernels", check_vllm_eager),
+          "CUDA graphs replay a decode step as one launch; torch.compile fuses its kernels", check_vllm_eager,
+          {"enforce-eager": None}),
     Rule("cudagraph_mode_none", "vllm", ("0.10.2", ""), "CUDA graphs off (cudagraph_mode NONE)", ("log", "argv"),
-          "an eager decode step pays the kernel launch overhead every token", check_vllm_cudagraph_mode),
+          "an eager decode step pays the kernel launch overhead every token", check_vllm_cudagraph_mode,
+          {"compilation-config.cudagraph_mode": "FULL_AND_PIECEWISE"}),
     Rule("speculation", "vllm", ("", ""), "Speculative decoding off", ("log",),
           "speculation multiplies tokens per step", check_vllm_speculation),
     Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
