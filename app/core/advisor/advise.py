@@ -71,8 +71,8 @@ def keep_known_gains(slower: list[Finding], running: dict[str, Any], backend: st
             kept.append(finding)
             continue
         kept.append(replace(finding, status="advice", fix={}, reason=(
-            f"kept: {rule.title.lower()} is a known gain (Left on the table says why) and the reference run did not "
-            "have it; `b` (or `tunedash bench`) measures the running flags")))
+            f"kept: the running value is the advisor's own fix for \"{rule.title}\" (a known gain), which the "
+            "reference run did not have; `b` (or `tunedash bench`) measures the running flags")))
     return kept
 
 
