@@ -1,14 +1,18 @@
-"""A/B honesty and power on the simulated server.
+"""A/A honesty on recorded launches: the old design (one launch per arm, trial-level interval) against the new
+(launches as the unit), on the same pool of launches recorded live from the simulated demo server.
 
-1. Power (live): --power experiments of steps 1 vs 3 on the demo flags, 3 trials per arm, each through the
-   real Experiment (relaunch per arm); counts how many find B faster with an interval above 1.
-2. A/A honesty: trial values are recorded live from the simulated server (steps 1, --pool trials spread
-   over several relaunches), then --aa A/A experiments (3 + 3 trials drawn without replacement, fixed
-   seed) go through the same statistics engine; prints the share that claims a difference (target <= 5%).
-   The A/A runs on recorded trials because 40 live A/A experiments (80 relaunches) take too long on a
-   shared 2-core machine; --live-aa N also runs N live A/A experiments.
+1. Record: one live experiment of --pool-launches launches (half per arm, both arms the demo profile as is,
+   interleaved), --trials trials per launch, the simulator's launch-to-launch variance on (launch_sigma 3%).
+2. Resample --aa A/A experiments (fixed seed) from that pool and count the share that claims a difference:
+   - old design: one launch per arm, its --trials trials, Welch delta-method interval on the trials
+     (stats.ratio_stats; what `tunedash ab` did before launches were the unit);
+   - new design: --launches launches per arm drawn without replacement, the pooled t interval on log launch
+     means (stats.launch_ratio_stats).
+   Then the same over 4000 resamples, for a figure with less binomial noise. Target <= 5%.
+The live A/A and the power of the new design: bench/bench_aa_live.py.
 
-Run: .venv/bin/python bench/bench_ab.py [--power 5] [--aa 40] [--pool 30] [--live-aa 0]
+Run: .venv/bin/python bench/bench_ab.py [--pool-launches 24] [--aa 40] [--port 31030]
+     .venv/bin/python bench/bench_ab.py --pool-jsonl A.jsonl B.jsonl   (the launches of bench_aa_live.py's A/A)
 """
 
 from __future__ import annotations
@@ -16,99 +20,75 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
-import tempfile
+import sys
 from pathlib import Path
 
-from app.connect import host_for
-from app.core.measure.bench import BenchSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_common import bench_spec, close, demo_copy, design_options, lifecycle, share
+
 from app.core.measure.experiment import Experiment, ExperimentSpec, parse_arm
-from app.core.measure.stats import ratio_stats
-from app.core.profiles.loading import load_profile
-from app.core.server.lifecycle import ServerLifecycle
-from app.core.telemetry.smi import telemetry_for
-from app.sim.host_env import reset_state
-
-BENCH = BenchSpec(requests=6, concurrency=3, input_len=32, max_tokens=48, warmup=1)
+from app.core.measure.stats import launch_ratio_stats, ratio_stats
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _claims(pool: list[list[float]], rng: random.Random, runs: int, launches: int) -> tuple[int, int]:
+    """(old design's claims, new design's claims) over `runs` A/A experiments resampled from the pool."""
+    old = new = 0
+    for _ in range(runs):
+        one_a, one_b = rng.sample(pool, 2)
+        old += ratio_stats(one_a, one_b).significant
+        draw = rng.sample(pool, 2 * launches)
+        new += launch_ratio_stats(draw[:launches], draw[launches:]).significant
+    return old, new
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--power", type=int, default=5)
-    ap.add_argument("--aa", type=int, default=40)
-    ap.add_argument("--pool", type=int, default=30)
-    ap.add_argument("--live-aa", type=int, default=0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pool-launches", type=int, default=24, help="launches to record (half per arm)")
+    ap.add_argument("--aa", type=int, default=40, help="A/A experiments resampled from the pool")
+    ap.add_argument("--pool-file", type=Path, help="read the pool (JSON list of launches) instead of recording")
+    ap.add_argument("--pool-jsonl", type=Path, nargs="+", metavar="JSONL",
+                    help="take the pool from bench_aa_live.py --jsonl files: every launch of their A/A experiments")
+    design_options(ap, port=31030)
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="tunedash-bench-ab-"))
-    state = reset_state(tmp / "sim")
-    path = tmp / "p.toml"
-    path.write_text(
-        f'name = "benchab"\nhost = "sim"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\nport = {free_port()}\n'
-        f'gpus = [0, 1]\nsim_state = "{state}"\nenv = {{ TUNEDASH_SIM_STARTUP_S = "0.3" }}\n'
-        "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
-        "speculative-num-steps = 1\nspeculative-eagle-topk = 1\nspeculative-num-draft-tokens = 2\n")
-    profile = load_profile(path)
-    host = host_for(profile)
-    life = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus), grace_s=3)
-    try:
-        detected = 0
-        for i in range(args.power):
-            spec = ExperimentSpec([parse_arm(profile, "speculative-num-steps=1", "A"),
-                                   parse_arm(profile, "speculative-num-steps=3", "B")], 3,
-                                  BenchSpec(**{**BENCH.__dict__, "seed": i}), ready_timeout_s=60)
+    if args.pool_file:
+        pool = [[float(v) for v in launch] for launch in json.loads(args.pool_file.read_text())]
+    elif args.pool_jsonl:
+        records = [json.loads(line) for path in args.pool_jsonl for line in path.read_text().splitlines() if line]
+        pool = [[float(v) for v in launch] for r in records if r.get("kind") == "A/A" for arm in r["arms"]
+                for launch in arm["launch_trials"] if len(launch) == args.trials]
+    else:
+        profile, state = demo_copy(args)
+        life = lifecycle(profile)
+        try:
+            spec = ExperimentSpec([parse_arm(profile, "", "A"), parse_arm(profile, "", "B")], args.trials,
+                                  bench_spec(args, seed=7), launches=max(1, args.pool_launches // 2),
+                                  ready_timeout_s=120)
             result = await Experiment(spec, life).run()
-            r = result.ratio()
-            detected += bool(r.ci95 and r.ci95[0] > 1.0)
-            print(f"power {i + 1}: B/A {r.ratio:.3f} CI {r.ci95}  {result.verdict}", flush=True)
-        # record a pool of steps-1 trials across relaunches
-        pool: list[float] = []
-        per_launch = max(1, args.pool // 3)
-        while len(pool) < args.pool:
-            spec = ExperimentSpec([parse_arm(profile, "", "A"), parse_arm(profile, "", "B")], per_launch // 2 or 1,
-                                  BenchSpec(**{**BENCH.__dict__, "seed": len(pool)}), ready_timeout_s=60)
-            result = await Experiment(spec, life).run()
-            pool += result.arms[0].values + result.arms[1].values
-        live_claims = 0
-        for i in range(args.live_aa):
-            spec = ExperimentSpec([parse_arm(profile, "", "A"), parse_arm(profile, "", "B")], 3,
-                                  BenchSpec(**{**BENCH.__dict__, "seed": 100 + i}), ready_timeout_s=60)
-            live_claims += (await Experiment(spec, life).run()).ratio().significant
-        rng = random.Random(2024)
-        claims = 0
-        for _ in range(args.aa):
-            draw = rng.sample(pool, 6)
-            claims += ratio_stats(draw[:3], draw[3:]).significant
-        print(f"A/B power: steps 1 vs 3 detected {detected}/{args.power} with 3 trials per arm")
-        print(f"A/A honesty (recorded trials, {len(pool)} trials from the sim): {claims}/{args.aa} claim a "
-              f"difference = {100 * claims / max(args.aa, 1):.1f}% (target <= 5%)")
-        many = 4000
-        many_claims = sum(ratio_stats(*_split(rng.sample(pool, 6))).significant for _ in range(many))
-        print(f"A/A honesty over {many} resampled experiments from the same pool: {100 * many_claims / many:.1f}% "
-              "(the 40-experiment share is itself noisy: binomial sd ~3.4 points at 5%)")
-        if args.live_aa:
-            print(f"A/A live: {live_claims}/{args.live_aa} claim a difference")
-        print("pool:", json.dumps([round(v, 2) for v in pool]))
-    finally:
-        await life.kill(confirm_free=False)
-        await life.close()
-        for record in (state / "host" / "jobs").glob("*.json"):
-            try:
-                os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, KeyError, ValueError):
-                pass
-
-
-def _split(draw: list[float]) -> tuple[list[float], list[float]]:
-    return draw[:3], draw[3:]
+        finally:
+            await close(life, state)
+        pool = [launch for arm in result.arms for launch in arm.launches if len(launch) == args.trials]
+    if len(pool) < 2 * args.launches:
+        raise SystemExit(f"the pool has {len(pool)} launches; need at least {2 * args.launches}")
+    rng = random.Random(2024)
+    old, new = _claims(pool, rng, args.aa, args.launches)
+    many = 4000
+    old_many, new_many = _claims(pool, rng, many, args.launches)
+    means = [sum(launch) / len(launch) for launch in pool]
+    grand = sum(means) / len(means)
+    spread = (sum((m - grand) ** 2 for m in means) / (len(means) - 1)) ** 0.5 / grand
+    within = (sum((v - sum(ln) / len(ln)) ** 2 for ln in pool for v in ln)
+              / sum(len(ln) - 1 for ln in pool)) ** 0.5 / grand
+    print(f"pool: {len(pool)} launches x {args.trials} trials ({args.requests} requests at concurrency "
+          f"{args.concurrency}, {args.max_tokens} tokens); launch CV {100 * spread:.2f}%, trial CV {100 * within:.2f}%")
+    print(f"A/A, old design (1 launch x {args.trials} trials per arm, trial-level interval): "
+          f"{share(old, args.aa)}; over {many} resamples {share(old_many, many)}")
+    print(f"A/A, new design ({args.launches} launches x {args.trials} trials per arm, launch-level interval): "
+          f"{share(new, args.aa)}; over {many} resamples {share(new_many, many)}")
+    if old_many:
+        print(f"ratio new/old false-positive share (4000 resamples): {new_many / old_many:.2f}")
+    print("pool:", json.dumps([[round(v, 3) for v in launch] for launch in pool]))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from app.core.errors import Reason
 from app.core.flags.discovery import discover_flags
 from app.core.hosts.base import Host
 from app.core.logs.parser import LogParser
-from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts
+from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts, summary_lines
 from app.core.measure.client import RequestResult
 from app.core.measure.experiment import (
     ARM_LABELS,
@@ -59,6 +59,7 @@ from app.core.profiles.loading import resolve_profile
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
+from app.core.telemetry.energy import energy_meter_for
 
 
 def _spec(profile: Profile, args: argparse.Namespace) -> BenchSpec:
@@ -128,12 +129,14 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         done = await run_recorded_bench(
             base, profile, spec, host_name=host.name, store=store, events=follow_log,
             running_flags=record.flags if record else profile.flags,
-            on_result=_progress_printer(spec.requests, args.json))
+            on_result=_progress_printer(spec.requests, args.json), energy=energy_meter_for(host, profile))
     if args.json:
         say(json.dumps({"run_id": done.run_id, "profile": profile.name, "params": spec.to_json(), **done.summary},
                        indent=2))
     else:
         say(text_table(bench_rows(done.summary)))
+        for line in summary_lines(done.summary):
+            say(line)
         for warning in done.result.summary.warnings:
             say(f"warning: {warning}")
         say(f"history: run #{done.run_id} (`tunedash export {done.run_id} --format md`)")
@@ -157,9 +160,12 @@ async def cmd_ab(args: argparse.Namespace) -> int:
     arms = [parse_arm(profile, text, ARM_LABELS[i]) for i, text in enumerate(texts)]
     trials = args.trials if args.trials is not None else profile.bench.trials
     if trials < 1:
-        raise CliError(f"--trials must be at least 1 (got {trials}); 3 or more give a useful interval")
-    spec = ExperimentSpec(arms, trials, _spec(profile, args), interleave=args.interleave,
-                          ready_timeout_s=args.ready_timeout)
+        raise CliError(f"--trials must be at least 1 (got {trials}); trials are per launch")
+    launches = args.launches if args.launches is not None else profile.bench.launches
+    if launches < 1:
+        raise CliError(f"--launches must be at least 1 (got {launches}); 2 or more per arm give an interval")
+    spec = ExperimentSpec(arms, trials, _spec(profile, args), interleave=not args.blocked,
+                          ready_timeout_s=args.ready_timeout, launches=launches)
     host = open_host(profile)
     quiet = args.json or args.md
     lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": quiet}))  # quiet: no narration
@@ -174,11 +180,12 @@ async def cmd_ab(args: argparse.Namespace) -> int:
         say(f"[{p.trials_done}/{p.trials_total}] {p.text}")
 
     store = _store()
-    experiment = Experiment(spec, lifecycle, store, on_progress=on_progress)
+    experiment = Experiment(spec, lifecycle, store, on_progress=on_progress,
+                            energy_for=lambda arm_profile: energy_meter_for(host, arm_profile))
     if not quiet:
-        order = " ".join(ARM_LABELS[a] for a, _ in spec.schedule())
-        say(f"A/B on {profile.name} ({host.name}): {len(arms)} arms x {trials} trials of {spec.bench.requests} "
-               f"requests at concurrency {spec.bench.concurrency}; order {order}")
+        order = " ".join(ARM_LABELS[a] for a, _ in spec.launch_order())
+        say(f"A/B on {profile.name} ({host.name}): {len(arms)} arms x {launches} launches x {trials} trials of "
+            f"{spec.bench.requests} requests at concurrency {spec.bench.concurrency}; launch order {order}")
         for arm in arms:
             say(f"  {arm.label}: {arm.overrides or '(the profile as is)'}")
     code = EXIT_OK
@@ -211,7 +218,7 @@ def _report_ab(experiment: Experiment, args: argparse.Namespace, store: HistoryS
             say(export_run(run, "md"))
             return
     say(experiment_text(data))
-    last = experiment.result.arms[experiment.spec.schedule()[-1][0]] if experiment.result.status == "done" else None
+    last = experiment.result.arms[experiment.spec.schedule()[-1].arm] if experiment.result.status == "done" else None
     if last is not None:
         say(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'})")
     say(f"history: run #{experiment.run_id} (`tunedash export {experiment.run_id} --format md`)")
@@ -252,7 +259,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         run = store.run(args.id)
         if run is None:
             raise CliError(f"no run #{args.id} in {store.path}; `tunedash history` lists the runs")
-        text = export_run(run, args.format)
+        if args.format == "svg":
+            from app.tui.compare import compare_svg  # the screen's own screenshot; loads Textual only here
+
+            text = asyncio.run(compare_svg(run, store.request_rows(run.id)))
+        else:
+            text = export_run(run, args.format)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
@@ -387,14 +399,20 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("ab", help="A/B: relaunch each arm, run trials, report B/A with a 95%% interval")
+    p = sub.add_parser("ab", help="A/B: launches x trials per arm, B/A with a 95%% interval from the launches")
     p.add_argument("profile")
     with_overrides(p)
     p.add_argument("--a", required=True, metavar='"F=V ..."', help="arm A's flag overrides ('' = the profile)")
     p.add_argument("--b", required=True, metavar='"F=V ..."', help="arm B's flag overrides (!F unsets F)")
     p.add_argument("--arm", action="append", metavar='"F=V ..."', help="more arms (C, D, ...), each against A")
-    p.add_argument("--trials", type=int, help="trials per arm (default: the profile's [bench] trials)")
-    p.add_argument("--interleave", action="store_true", help="order A B B A ... (a relaunch per change)")
+    p.add_argument("--launches", type=int,
+                   help="launches per arm, the unit of the interval (default: the profile's [bench] launches, 2)")
+    p.add_argument("--trials", type=int, help="trials per launch (default: the profile's [bench] trials)")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--interleave", dest="blocked", action="store_false", default=False,
+                       help="launches in the order A B B A A B ... so drift cancels (the default)")
+    order.add_argument("--blocked", dest="blocked", action="store_true",
+                       help="every launch of A, then every launch of B")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each arm's server")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between arms")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
@@ -410,9 +428,10 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
 
-    p = sub.add_parser("export", help="one run as Markdown (for a PR), CSV (per trial) or JSON")
+    p = sub.add_parser("export", help="one run as Markdown (for a PR), CSV (per trial), JSON, or SVG (the "
+                       "compare screen with its plots, 120x40)")
     p.add_argument("id", type=int)
-    p.add_argument("--format", choices=["md", "csv", "json"], default="md")
+    p.add_argument("--format", choices=["md", "csv", "json", "svg"], default="md")
     p.add_argument("-o", "--output", help="write to a file instead of stdout")
     p.set_defaults(func=cmd_export)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.sim.gpu_state import write_load
 from app.sim.resolved import Running
 from app.sim.simlog import log
 from app.sim.speed import SpeedModel
@@ -152,6 +152,7 @@ class Engine:
         window_accepted = 0
         window_start = loop.time()
         last_busy = 0.0
+        last_batch = 0
         while True:
             if not self.running and not self.waiting:
                 self.wake.clear()
@@ -183,9 +184,9 @@ class Engine:
                     self.stats.generation_tokens_total += req.generated
             steps += 1
             now = loop.time()
-            if self.busy_file and now - last_busy > 0.5:
-                last_busy = now
-                _touch(self.busy_file)
+            if self.busy_file and (now - last_busy > 0.5 or batch != last_batch):
+                last_busy, last_batch = now, batch  # the load behind power.draw (gpu_state.power_draw_w)
+                write_load(self.busy_file, batch, 1 + self.speed.draft_tokens)
             self.stats.running = len(self.running)
             self.stats.queued = len(self.waiting)
             if steps % interval == 0:
@@ -210,8 +211,3 @@ class Engine:
             return None
         return self.stats.total_accepted / self.stats.total_verify_rounds
 
-
-def _touch(path: str) -> None:
-    """Mark the GPUs busy for the fake nvidia-smi (utilization, power)."""
-    with contextlib.suppress(OSError), open(path, "a"):
-        os.utime(path)

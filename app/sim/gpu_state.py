@@ -22,13 +22,32 @@ context): it stays, with the dead rank's pid and name, until reset_state().
 
 A GPU's `compute_cap` ("8.6") and `nvlinks` (0: PCIe only) are what `nvidia-smi --query-gpu=compute_cap` and
 `nvidia-smi topo -m` print of it; the GPU types a profile's `sim_gpus` names are in gpu_models.py.
+
+Power (what `power.draw` prints; `power_draw_w`): the decoding server writes its load (`write_load`: sequences
+in the batch, tokens each sequence puts through the target model per step) into the `busy` file about every
+0.5 s; a GPU holding memory whose server wrote it in the last 1.5 s is decoding. The model's assumptions, as
+fractions of the GPU's power limit (A6000 300 W, H200 700 W):
+  1. no memory held: idle at 7.5 % (A6000 22.5 W); memory held, not decoding: 25 % (clocks up, HBM refresh, a
+     polling scheduler; A6000 75 W);
+  2. decoding is memory-bound at small batches: a step reads the weights once whatever it computes on them,
+     so one token per step already draws 70 % of the way from the held level to the limit;
+  3. each further token the target model processes in a step (one more sequence, one more draft token to
+     verify) adds arithmetic on weights already read: the draw climbs towards the limit as
+     1 - exp(-(tokens - 1) / 32), tokens = batch x tokens per sequence;
+  4. so a step's energy grows slowly with what it computes while the tokens it yields grow with the accepted
+     drafts: energy per token falls with speculative steps that are accepted and with the batch (the demo at
+     concurrency 4: 3 steps 0.73 x the J/token of 1 by the model's means, 0.78 x in a live bench with its
+     prefills and tails: docs/decisions.md#energy-per-token);
+  5. each reading carries +-1 % gaussian jitter, like a real sensor.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
+import random
 import time
 
 # Kept off the import path on purpose: pathlib, dataclasses, typing and contextlib cost ~30 ms at start-up,
@@ -44,6 +63,14 @@ FAULTS_FILE = "faults.json"
 ALLOC_FILE = "allocations.json"
 RELEASED_FILE = "released.jsonl"
 LOCK_FILE = "lock"
+BUSY_FILE = "busy"  # the decoding server's load (write_load); a recent mtime = the GPUs holding memory are busy
+BUSY_FRESH_S = 1.5
+
+IDLE_POWER_FRACTION = 0.075
+LOADED_POWER_FRACTION = 0.25
+DECODE_FLOOR = 0.7  # share of the way from the loaded draw to the limit at one token per step
+DECODE_TOKENS_SCALE = 32.0
+POWER_JITTER = 0.01
 
 DEFAULT_GPU_NAME = "NVIDIA RTX A6000"
 DEFAULT_TOTAL_MIB = 49140
@@ -60,7 +87,8 @@ DEFAULT_COMPUTE_CAP = "8.6"
 #   lost_gpus: list[int]       -> those GPU indices fell off the bus: one-shot queries print
 #                                 "Unable to determine the device handle for GPU <bus>: GPU is lost. ..." (rc 15);
 #                                 loop mode prints "[GPU is lost]" in every field of that GPU's rows
-FAULT_KNOBS = ("driver_mismatch", "driver_not_loaded", "nvml_unknown_error", "no_devices", "lost_gpus")
+#   power_na: list[int]        -> those GPUs' power.draw reads "[N/A]" (a board without a power sensor)
+FAULT_KNOBS = ("driver_mismatch", "driver_not_loaded", "nvml_unknown_error", "no_devices", "lost_gpus", "power_na")
 
 
 class SimGpu:
@@ -413,6 +441,55 @@ def released_log(state_dir: StrPath) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_load(path: StrPath, batch: int, tokens_per_seq: int) -> None:
+    """The decoding server's load now, for power.draw: sequences in the batch, target tokens per sequence per step
+    (1 + draft tokens verified). Written by rename, so a reader never sees half of it."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump({"batch": int(batch), "tokens_per_seq": int(tokens_per_seq)}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_load(state_dir: StrPath, now: float | None = None) -> tuple[int, int] | None:
+    """(batch, tokens per sequence) when the server decoded in the last BUSY_FRESH_S, else None. An old-style
+    empty busy file (a server of an earlier release of the simulator) reads as one sequence of one token."""
+    path = _path(state_dir, BUSY_FILE)
+    try:
+        if (time.time() if now is None else now) - os.stat(path).st_mtime >= BUSY_FRESH_S:
+            return None
+        with open(path) as fh:
+            data = json.loads(fh.read() or "{}")
+    except (OSError, ValueError):
+        return None if not os.path.exists(path) else (1, 1)
+    if not isinstance(data, dict):
+        return 1, 1
+    batch, per_seq = data.get("batch", 1), data.get("tokens_per_seq", 1)
+    if not isinstance(batch, int) or not isinstance(per_seq, int):
+        return 1, 1
+    return max(batch, 1), max(per_seq, 1)
+
+
+def power_draw_w(gpu: SimGpu, loaded: bool, load: tuple[int, int] | None, jitter: float = POWER_JITTER) -> float:
+    """What `power.draw` reads for one GPU (the model in the module docstring)."""
+    limit = gpu.power_limit_w
+    if not loaded:
+        watts = IDLE_POWER_FRACTION * limit
+    else:
+        held = LOADED_POWER_FRACTION * limit
+        if load is None:
+            watts = held
+        else:
+            tokens = load[0] * load[1]
+            activity = DECODE_FLOOR + (1 - DECODE_FLOOR) * (1 - math.exp(-(tokens - 1) / DECODE_TOKENS_SCALE))
+            watts = held + (limit - held) * activity
+    if jitter:
+        watts *= 1 + random.gauss(0, jitter)
+    return max(0.0, min(watts, limit))
 
 
 def clear_allocations(state_dir: StrPath) -> None:

@@ -13,6 +13,8 @@ Supported, matching the real tool (docs/gpus.md):
                                       two GPUs with NVLinks, else gpu_state's PCIe path; CPU Affinity, NUMA
                                       Affinity, GPU NUMA ID; then the Legend block)
     no arguments                     (a short table, for humans only)
+power.draw follows the simulated server's load (gpu_state.power_draw_w: the model and its assumptions are in
+gpu_state's docstring); utilization, temperature, clocks and fan are three levels (idle, memory held, decoding).
 Errors: unknown field -> `Field "x" is not a valid field to query.` + empty line, rc 2; no GPU or bad -i ->
 `No devices were found`, rc 6; the fault knobs of faults.json (gpu_state.FAULT_KNOBS) print the real texts.
 """
@@ -24,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from app.sim.gpu_state import AllocationRecord, SimGpu, Snapshot, snapshot
+from app.sim.gpu_state import AllocationRecord, SimGpu, Snapshot, power_draw_w, read_load, snapshot
 
 RC_BAD_ARG = 2
 RC_NOT_FOUND = 6
@@ -34,16 +36,16 @@ RC_MISMATCH = 18
 RC_OTHER = 255
 
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
-BUSY_FILE = "busy"  # touched by the simulated server while it decodes; recent mtime = GPU busy
 
 
 class Context:
-    """What one output line needs: the snapshot, the GPU and whether the GPU is busy."""
+    """What one output line needs: the snapshot, the GPU, whether the GPU is busy and the server's load."""
 
-    def __init__(self, snap: Snapshot, gpu: SimGpu, busy: bool, now: float) -> None:
+    def __init__(self, snap: Snapshot, gpu: SimGpu, load: tuple[int, int] | None, now: float) -> None:
         self.snap = snap
         self.gpu = gpu
-        self.busy = busy
+        self.busy = load is not None
+        self.load = load
         self.now = now
         self.used = snap.used_mib(gpu)
         self.loaded = any(r.gpu == gpu.index for r in snap.records)
@@ -85,7 +87,8 @@ GPU_FIELDS: dict[str, tuple[str, Getter]] = {
     "utilization.memory": ("%", lambda c: _level(c, "0", "0", "71")),
     "temperature.gpu": ("", lambda c: _level(c, "31", "44", "71")),
     "temperature.memory": ("", lambda c: "N/A"),
-    "power.draw": ("W", lambda c: _level(c, "22.41", "74.86", "281.37")),
+    "power.draw": ("W", lambda c: "[N/A]" if c.gpu.index in (c.snap.faults.get("power_na") or ())
+                   else f"{power_draw_w(c.gpu, c.loaded, c.load):.2f}"),
     "power.limit": ("W", lambda c: f"{c.gpu.power_limit_w:.2f}"),
     "clocks.current.sm": ("MHz", lambda c: _level(c, "210", "1410", "1800")),
     "clocks.current.memory": ("MHz", lambda c: _level(c, "405", "8000", "8000")),
@@ -221,7 +224,7 @@ def _gpu_lines(
 ) -> tuple[list[str], int]:
     lost = set(snap.faults.get("lost_gpus") or [])
     now = time.time()
-    busy = _busy(snap, now)
+    load = _load(snap, now)
     lines: list[str] = []
     rc = 0
     for gpu in gpus:
@@ -235,7 +238,7 @@ def _gpu_lines(
                 )
                 rc = RC_GPU_LOST
             continue
-        ctx = Context(snap, gpu, busy, now)
+        ctx = Context(snap, gpu, load, now)
         values = []
         for f in fields:
             unit, get = GPU_FIELDS[f]
@@ -247,14 +250,12 @@ def _gpu_lines(
     return lines, rc
 
 
-def _busy(snap: Snapshot, now: float) -> bool:
+def _load(snap: Snapshot, now: float) -> tuple[int, int] | None:
+    """The decoding server's (batch, tokens per sequence) when it decoded lately and memory is held, else None."""
     state = os.environ.get("TUNEDASH_SIM_STATE")
     if not state or not snap.records:
-        return False
-    try:
-        return now - os.stat(os.path.join(state, BUSY_FILE)).st_mtime < 1.5
-    except FileNotFoundError:
-        return False
+        return None
+    return read_load(state, now)
 
 
 def _app_lines(opts: Options, fields: list[str], snap: Snapshot, gpus: list[SimGpu]) -> list[str]:

@@ -1,4 +1,17 @@
-"""The simulated server's decode speed: step time and accepted tokens from the resolved flags (speed_model.toml)."""
+"""The simulated server's decode speed: step time and accepted tokens from the resolved flags (speed_model.toml).
+
+Two levels of noise, as on a real GPU server:
+- per step: `noise_sigma`, relative gaussian noise on each decode step's time (trial-to-trial spread);
+- per launch: each SpeedModel (one per launched server) draws a speed factor f = exp(N(0, launch_sigma)) once,
+  and every sampled step time is divided by it, so the tok/s per stream the load generator measures is
+  f times the config's nominal speed for the whole life of that launch. It stands for what differs between
+  two launches of the same flags on a real server: which batch sizes got CUDA graphs captured, the memory
+  layout the allocator ended up with, the clocks the GPUs settled at. An assumption (default 3%), not a
+  measurement; set `launch_sigma = 0` in a TUNEDASH_SIM_SPEED_FILE to turn it off.
+The launch's seed: `launch_seed`, else $TUNEDASH_SIM_LAUNCH_SEED, else `seed` when one is given (a seeded
+model is fully deterministic), else fresh entropy, so two launches of one config differ like real ones.
+The nominal figures (mean_step_ms, mean_stream_tok_s) leave the launch factor out.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +25,26 @@ from typing import Any
 
 SPEED_FILE = Path(__file__).with_name("speed_model.toml")
 SPEED_FILE_ENV = "TUNEDASH_SIM_SPEED_FILE"
+LAUNCH_SEED_ENV = "TUNEDASH_SIM_LAUNCH_SEED"
+
+
+def launch_factor(sigma: float, seed: int) -> float:
+    """One launch's speed factor: log-normal, median 1, sigma of its log `sigma`."""
+    if sigma < 0:
+        raise ValueError(f"launch_sigma must be >= 0 (got {sigma})")
+    return math.exp(random.Random(seed).gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+
+def _launch_seed(launch_seed: int | None, seed: int | None) -> int:
+    if launch_seed is not None:
+        return launch_seed
+    env = os.environ.get(LAUNCH_SEED_ENV, "").strip()
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise ValueError(f"${LAUNCH_SEED_ENV}: expected an integer, got {env!r}") from None
+    return seed if seed is not None else random.SystemRandom().getrandbits(63)
 
 
 def load_params(override: Path | None = None) -> dict[str, Any]:
@@ -51,10 +84,13 @@ class SpeedConfig:
 class SpeedModel:
     """Per-step decode time and tokens accepted per step."""
 
-    def __init__(self, cfg: SpeedConfig, params: dict[str, Any] | None = None, seed: int | None = None) -> None:
+    def __init__(self, cfg: SpeedConfig, params: dict[str, Any] | None = None, seed: int | None = None,
+                 launch_seed: int | None = None) -> None:
         self.cfg = cfg
         self.p = params if params is not None else load_params()
         self.rng = random.Random(seed)
+        self.launch_seed = _launch_seed(launch_seed, seed)
+        self.launch_factor = launch_factor(float(self.p.get("launch_sigma", 0.0)), self.launch_seed)
 
     @property
     def draft_tokens(self) -> int:
@@ -112,7 +148,9 @@ class SpeedModel:
         return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch)
 
     def sample_step_ms(self, batch: int) -> float:
-        return max(0.1, self.mean_step_ms(batch) * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
+        """One step's time: the nominal mean, this launch's factor, the step's own noise."""
+        step = self.mean_step_ms(batch) / self.launch_factor
+        return max(0.1, step * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
 
     def sample_accept(self) -> int:
         """Tokens one sequence gains in one step (1 + accepted drafts)."""

@@ -6,32 +6,39 @@ the same core objects as the CLI (bench.run_bench, experiment.Experiment, store.
 worker; the screens only show progress and results. Escape on a running screen cancels the run; an A/B
 keeps the finished trials in the history (status "cancelled"). Screens: BenchScreen (progress, results
 table), ABScreen (progress through every relaunch, then the compare view: arms side by side with the
-verdict), HistoryScreen (browse past runs; enter opens the compare view of a run).
+verdict, and the compare plots: launch values with intervals, TTFT and ITL per arm), HistoryScreen (browse past
+runs: the highlighted run's table, plots and its configs' tok/s over time; enter opens app.tui.compare's
+CompareScreen of a run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
 from textual.worker import Worker, WorkerState
 
 from app.core.data import ServerState
-from app.core.measure.bench import BenchSpec
+from app.core.measure.bench import BenchSpec, summary_lines
 from app.core.measure.client import RequestResult
 from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
 from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import arm_rows, bench_rows, run_json
-from app.core.measure.store import HistoryStore, StoreError
+from app.core.measure.store import HistoryStore, RunRow, StoreError
 from app.core.profiles.render import describe_change, profile_diff
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, ServerLogEvent
+from app.core.telemetry.energy import energy_meter_for
+from app.tui.compare import CompareScreen
+from app.tui.plots import RunCache, compare_plots_view, trend_view
+from widgets.arm_plot import ComparePlots, ComparePlotsView, TrendPlot
 
 if TYPE_CHECKING:
     from app.core.session import Session
@@ -55,8 +62,10 @@ class RunScreen(Screen[None]):
     RunScreen #title { padding: 0 1; text-style: bold; }
     RunScreen #verdict { padding: 0 1; color: $success; text-style: bold; }
     RunScreen ProgressBar { padding: 0 1; }
-    RunScreen RichLog { height: 1fr; border: round $primary; }
+    RunScreen RichLog { height: 1fr; min-height: 3; border: round $primary; }
     RunScreen DataTable { height: auto; max-height: 16; }
+    RunScreen ComparePlots { height: 2fr; min-height: 8; max-height: 16; display: none; }
+    RunScreen ComparePlots.-shown { display: block; }
     """
 
     def __init__(self, title: str, job: Callable[[RunScreen], Coroutine[Any, Any, None]]) -> None:
@@ -78,6 +87,7 @@ class RunScreen(Screen[None]):
             yield ProgressBar(id="progress", show_eta=False)
             yield DataTable(id="results", cursor_type="row", zebra_stripes=True)
             yield Static("", id="verdict")
+            yield ComparePlots()
             yield RichLog(id="steps", wrap=True, markup=False)
         yield Footer()
 
@@ -91,6 +101,12 @@ class RunScreen(Screen[None]):
         _table(self.query_one(DataTable), rows)
         self.query_one("#verdict", Static).update(verdict)
 
+    def show_plots(self, view: ComparePlotsView) -> None:
+        """Show (and from then on keep) the compare plots: an A/B's launch values, TTFT and ITL per arm."""
+        plots = self.query_one(ComparePlots)
+        plots.add_class("-shown")
+        plots.show(view)
+
     def action_close(self) -> None:
         if self.worker is not None and self.worker.is_running:
             self.worker.cancel()
@@ -100,29 +116,43 @@ class RunScreen(Screen[None]):
 
 
 class HistoryScreen(Screen[None]):
-    """Past runs, newest first; enter opens one run's table and verdict."""
+    """Past runs, newest first. The highlighted run's table, verdict and compare plots show below the list,
+    beside its configs' tok/s over time; enter opens the run's full compare screen."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "close", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Close"),
+        Binding("enter", "open_run", "Compare", tooltip="The highlighted run's compare screen (plots, verdict)"),
+    ]
     DEFAULT_CSS = """
-    HistoryScreen DataTable { height: 1fr; }
-    HistoryScreen #detail-table { height: auto; max-height: 12; }
+    HistoryScreen #runs { height: 1fr; min-height: 4; }
+    HistoryScreen #detail-table { height: auto; max-height: 8; }
     HistoryScreen #detail { padding: 0 1; height: auto; }
+    HistoryScreen #history-plots { height: 12; }
+    HistoryScreen TrendPlot { width: 1fr; }
+    HistoryScreen ComparePlots { width: 3fr; height: 12; }
     """
 
     def __init__(self, store: HistoryStore) -> None:
         super().__init__()
         self.store = store
+        self.cache = RunCache(store)
+        self.listed: list[RunRow] = []
+        self.shown_run: RunRow | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(f"history: {self.store.path}", id="where")
         yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="detail-table")
         yield Static("", id="detail")
+        with Horizontal(id="history-plots"):
+            yield TrendPlot(id="trend")
+            yield ComparePlots()
         yield Footer()
 
     def on_mount(self) -> None:
         rows = [["id", "kind", "profile", "status", "trials", "result"]]
-        for r in self.store.runs():
+        self.listed = self.store.runs()
+        for r in self.listed:
             rows.append([str(r.id), r.kind, r.profile, r.shown_status, str(r.trial_count), (r.verdict or "")[:80]])
         table = self.query_one("#runs", DataTable)
         _table(table, rows)
@@ -132,9 +162,10 @@ class HistoryScreen(Screen[None]):
         if event.data_table.id != "runs":
             return
         row = event.data_table.get_row_at(event.cursor_row)
-        run = self.store.run(int(row[0]))
+        run = self.cache.get(int(row[0]))
         if run is None:
             return
+        self.shown_run = run
         data = run_json(run)
         detail = self.query_one("#detail-table", DataTable)
         if run.kind == "ab":
@@ -144,6 +175,16 @@ class HistoryScreen(Screen[None]):
         else:
             _table(detail, bench_rows(data.get("summary") or {}))
             self.query_one("#detail", Static).update("")
+        self.query_one(ComparePlots).show(compare_plots_view(data, self.store.request_rows(run.id)))
+        self.query_one(TrendPlot).show(trend_view(run, self.cache.profile_runs(run.profile, self.listed)))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "runs":  # enter on the list (the table takes the key before the binding)
+            self.action_open_run()
+
+    def action_open_run(self) -> None:
+        if self.shown_run is not None:
+            self.app.push_screen(CompareScreen(self.shown_run, self.store.request_rows(self.shown_run.id)))
 
     def action_close(self) -> None:
         self.store.close()
@@ -217,8 +258,10 @@ class BenchKeys(App[None]):
             recorded = await run_recorded_bench(
                 base, profile, spec, host_name=session.host.name, store=store, events=server_events,
                 running_flags=record.flags if record else profile.flags, on_result=on_result,
-                on_warmup_done=lambda: screen.say("measuring…"))
+                on_warmup_done=lambda: screen.say("measuring…"), energy=energy_meter_for(session.host, profile))
             screen.show_table(bench_rows(recorded.summary))
+            for line in summary_lines(recorded.summary):  # energy (J/token, the method) and goodput
+                screen.say(line)
             for warning in recorded.result.summary.warnings:
                 screen.say(f"warning: {warning}")
             run_id = recorded.run_id
@@ -256,9 +299,10 @@ class BenchKeys(App[None]):
         arms = [parse_arm(a_profile, "", "A"), parse_arm(b_profile, "", "B")]
         arms = [replace_overrides(arms[0], "baseline"), replace_overrides(arms[1], b_text)]
         bench = BenchSpec.from_settings(a_profile.bench)
-        spec = ExperimentSpec(arms, a_profile.bench.trials, bench)
+        spec = ExperimentSpec(arms, a_profile.bench.trials, bench, launches=a_profile.bench.launches)
         self.push_screen(RunScreen(
-            f"A/B on {a_profile.name}: A = baseline, B = {b_text}; {spec.trials} trials of {bench.requests} requests",
+            f"A/B on {a_profile.name}: A = baseline, B = {b_text}; "
+            f"{spec.launches} launches x {spec.trials} trials of {bench.requests} requests",
             lambda screen: self._ab(screen, spec)))
 
     async def _ab(self, screen: RunScreen, spec: ExperimentSpec) -> None:
@@ -271,14 +315,25 @@ class BenchKeys(App[None]):
             if p.kind != "request":
                 screen.say(p.text)
             if p.kind == "trial":
-                screen.show_table(arm_rows(experiment.result.to_json()))
+                data = experiment.result.to_json()
+                screen.show_table(arm_rows(data))
+                screen.show_plots(compare_plots_view(data, request_rows()))
 
         def on_lifecycle(event: LifecycleEvent) -> None:
             text = getattr(event, "text", None)
             if text and not isinstance(event, ServerLogEvent):
                 screen.say(f"  {text}")
 
-        experiment = Experiment(spec, session, store, on_progress=on_progress)
+        def request_rows() -> list[dict[str, Any]]:
+            if store is None or experiment.run_id is None:
+                return []
+            try:
+                return store.request_rows(experiment.run_id)
+            except sqlite3.Error:
+                return []  # the plots go without distributions; the table and verdict still show
+
+        experiment = Experiment(spec, session, store, on_progress=on_progress,
+                                energy_for=lambda arm_profile: energy_meter_for(session.host, arm_profile))
         unsubscribe = session.subscribe(on_lifecycle)
         session.busy = "A/B"
         try:
@@ -293,6 +348,7 @@ class BenchKeys(App[None]):
             unsubscribe()
             data = experiment.result.to_json()
             screen.show_table(arm_rows(data), data.get("verdict") or "")
+            screen.show_plots(compare_plots_view(data, request_rows()))
             if store is not None:
                 screen.say(f"saved as run #{experiment.run_id} (tunedash export {experiment.run_id} --format md)")
                 store.close()

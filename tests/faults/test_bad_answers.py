@@ -326,7 +326,7 @@ async def test_the_experiment_keeps_its_trials_through_junk(server: tuple[str, S
     script.modes = [mode for kind in kinds for mode in ("good", kind)]  # every other request is junk
     profile = parse_arm(load_profile(REPO / "profiles" / "demo.toml"), f"port={port}", "base").profile
     spec = ExperimentSpec([parse_arm(profile, "", "A"), parse_arm(profile, "speculative-num-steps=2", "B")], 2,
-                          BenchSpec(requests=4, concurrency=2, max_tokens=8, warmup=1, input_len=8))
+                          BenchSpec(requests=4, concurrency=2, max_tokens=8, warmup=1, input_len=8), launches=1)
     with HistoryStore(tmp_path / "h.sqlite3") as store:
         result = await Experiment(spec, _Owner(profile), store).run()  # type: ignore[arg-type]
         assert result.status == "done"

@@ -1,4 +1,5 @@
-"""End to end on the simulated host: `tunedash ab` relaunches each arm and finds steps 3 faster than steps 1;
+"""End to end on the simulated host: `tunedash ab` runs two launches per arm (A B B A) and finds steps 3 faster
+than steps 1 from the launches;
 `tunedash bench` counts exactly the tokens the server generated; a SIGKILLed or Ctrl-C'd `tunedash ab`
 keeps its finished trials intact in the history; `tunedash export` reproduces the table."""
 
@@ -45,23 +46,29 @@ def test_ab_steps_1_vs_3_then_bench_and_export(make_profile: MakeProfile, tmp_pa
     data = tmp_path / "data"
 
     done = _run(data, "ab", str(profile), "--a", "speculative-num-steps=1", "--b", "speculative-num-steps=3",
-                "--trials", "3", *SMALL, "--json")
+                "--launches", "2", "--trials", "2", *SMALL, "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     a, b = result["arms"]
-    assert (a["n"], b["n"]) == (3, 3) and a["errors"] == b["errors"] == 0
-    assert a["output_tokens"] == b["output_tokens"] == 3 * 6 * 48  # usage counts, warm-up excluded
-    assert result["ratio_ci"][0] > 1.0, result  # steps 3 is faster and the interval says so
+    assert (a["n"], b["n"]) == (4, 4) and a["errors"] == b["errors"] == 0
+    assert a["launches"] == b["launches"] == 2 and len(a["launch_values"]) == len(b["launch_values"]) == 2
+    assert a["output_tokens"] == b["output_tokens"] == 2 * 2 * 6 * 48  # usage counts, warm-up excluded
+    assert result["ratio_ci"][0] > 1.0, result  # steps 3 is faster and the launch-level interval says so
+    assert result["comparisons"][0]["df"] == 2.0
     assert result["verdict"].startswith("B is") and "faster" in result["verdict"]
     assert b["accept_len"] > a["accept_len"] > 1.0
     with HistoryStore(data / "history.sqlite3") as store:
         run = store.run(result["run_id"])
         assert run is not None and run.status == "done"
-        assert [ln.outcome for ln in run.launches] == ["ready", "ready"]  # relaunched twice
+        assert [(ln.arm_idx, ln.launch_idx, ln.outcome) for ln in run.launches] == [
+            (0, 0, "ready"), (1, 0, "ready"), (1, 1, "ready"), (0, 1, "ready")]  # a relaunch per launch
         assert run.launches[1].server_flags is not None
         assert run.launches[1].server_flags["speculative_num_steps"] == 3  # the server's own view
+        assert [len(v) for v in run.trials_by_launch(1)] == [2, 2]
 
-    # the server keeps running with arm B: bench it and compare with the server's own token counter
+
+    # the server keeps running with the last launch's arm (A B B A: A): bench it and compare with the server's
+    # own token counter
     before = _metric(port, "sglang:generation_tokens_total")
     bench = _run(data, "bench", str(profile), *SMALL, "--json")
     assert bench.returncode == 0, bench.stderr
@@ -74,7 +81,7 @@ def test_ab_steps_1_vs_3_then_bench_and_export(make_profile: MakeProfile, tmp_pa
     md = _run(data, "export", str(result["run_id"]), "--format", "md")
     assert md.returncode == 0
     for arm in (a, b):
-        assert f"| {arm['label']} | {arm['overrides']} | 3 | {arm['mean']:.1f} |" in md.stdout
+        assert f"| {arm['label']} | {arm['overrides']} | 2x2 | {arm['mean']:.1f} |" in md.stdout
     assert f"**Verdict:** {result['verdict']}" in md.stdout
     exported = json.loads(_run(data, "export", str(result["run_id"]), "--format", "json").stdout)
     assert exported["ratio_ci"] == result["ratio_ci"] and exported["arms"][1]["trials"] == b["trials"]
@@ -86,7 +93,7 @@ def _start_ab(data: Path, profile: Path) -> subprocess.Popen[str]:
     env = {**os.environ, DATA_DIR_ENV: str(data), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "app", "ab", str(profile), "--a", "speculative-num-steps=1", "--b",
-         "speculative-num-steps=2", "--trials", "3", *SMALL],
+         "speculative-num-steps=2", "--launches", "2", "--trials", "3", *SMALL],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -99,7 +106,7 @@ def _wait_for_trials(proc: subprocess.Popen[str], count: int, timeout: float = 1
         if not line:
             break
         seen.append(line)
-        if f"[{count}/6]" in line and "trial" in line:
+        if f"[{count}/12]" in line and "trial" in line:
             return seen
     raise AssertionError("trials did not finish:\n" + "".join(seen))
 
@@ -110,7 +117,7 @@ def test_interrupted_ab_keeps_finished_trials(make_profile: MakeProfile, tmp_pat
     data = tmp_path / "data"
     proc = _start_ab(data, profile)
     try:
-        _wait_for_trials(proc, 4)  # all of A and B's first trial
+        _wait_for_trials(proc, 4)  # A's first launch and B's first trial
         if how == "sigkill":
             os.killpg(proc.pid, signal.SIGKILL)
         else:
@@ -127,7 +134,8 @@ def test_interrupted_ab_keeps_finished_trials(make_profile: MakeProfile, tmp_pat
         assert detail is not None
         assert len(detail.values(0)) == 3 and len(detail.values(1)) >= 1
         assert all(len([r for r in store.request_rows(run.id) if r["arm_idx"] == t.arm_idx
-                        and r["trial_idx"] == t.trial_idx]) == 6 for t in detail.trials)
+                        and r["launch_idx"] == t.launch_idx and r["trial_idx"] == t.trial_idx]) == 6
+                   for t in detail.trials)
         if how == "sigkill":
             assert proc.returncode == -signal.SIGKILL and run.status == "running"
         else:
@@ -136,4 +144,4 @@ def test_interrupted_ab_keeps_finished_trials(make_profile: MakeProfile, tmp_pat
     history = _run(data, "history")
     assert ("interrupted" if how == "sigkill" else "cancelled") in history.stdout
     md = _run(data, "export", str(run.id), "--format", "md")
-    assert md.returncode == 0 and "| A | speculative-num-steps=1 | 3 |" in md.stdout
+    assert md.returncode == 0 and "| A | speculative-num-steps=1 | 1x3 |" in md.stdout

@@ -135,7 +135,8 @@ def test_real_vllm_launch_probe_relaunch_ab_kill(vllm_profile: tuple[Path, dict[
     assert second["pgid"] != first["pgid"] and _group_text(first["pgid"]) == []
 
     ab = _run(env, "ab", str(profile), "--a", "speculative-config.num_speculative_tokens=1",
-              "--b", "speculative-config.num_speculative_tokens=3", "--trials", "2", "--requests", "4",
+              "--b", "speculative-config.num_speculative_tokens=3", "--launches", "1", "--trials", "2",
+              "--requests", "4",
               "--concurrency", "2", "--max-tokens", "32", "--input-len", "32", "--warmup", "1",
               "--ready-timeout", READY_TIMEOUT, "--json", timeout=1200)
     assert ab.returncode == 0, ab.stdout + ab.stderr

@@ -1,5 +1,6 @@
 """Pilot test of the measuring keys on the simulated host: B marks the baseline, a runs the A/B with progress
-through both relaunches and shows the arms with a verdict, b benchmarks, h browses the history."""
+through every relaunch (two launches per arm, A B B A) and shows the arms with a verdict, b benchmarks, h browses
+the history."""
 
 from __future__ import annotations
 
@@ -57,19 +58,21 @@ async def test_baseline_ab_bench_and_history(profile: Profile, tmp_path: Path) -
         assert screen.worker is not None and screen.worker.error is None, screen.worker.error
         await pilot.pause(0.2)
         log = _log_text(screen)
-        assert log.count("relaunch with") == 2 and "SIGTERM" in log and "FREE" not in log.split("relaunch")[0]
+        assert log.count("relaunch with") == 4 and "SIGTERM" in log and "FREE" not in log.split("relaunch")[0]
         table = screen.query_one(DataTable)
         assert table.row_count == 2
         assert [table.get_row_at(i)[0] for i in range(2)] == ["A", "B"]
         verdict = str(screen.query_one("#verdict", Static).render())
         assert verdict.startswith(("B is", "no difference"))
-        assert app.session.profile.flags["speculative-num-steps"] == 3  # B keeps running
-        # The A/B went through the Session: the log view follows B's launch, the chart marks both relaunches.
+        assert app.session.profile.flags["speculative-num-steps"] == 1  # the last launch (A B B A) keeps running
+        # The A/B went through the Session: the log view follows the last launch, the chart marks every relaunch.
         record = app.session.view().record
         assert record is not None and app.session.log_path == record.log_path
-        assert record.flags["speculative-num-steps"] == 3
+        assert record.flags["speculative-num-steps"] == 1
+        b_change = "steps 1 -> 3, --speculative-num-draft-tokens 2 -> 4"
         assert [m.text for m in app.session.markers] == [
-            "arm A: baseline", "arm B: steps 1 -> 3, --speculative-num-draft-tokens 2 -> 4"]
+            "arm A launch 1/2: baseline", f"arm B launch 1/2: {b_change}", f"arm B launch 2/2: {b_change}",
+            "arm A launch 2/2: baseline"]
         await pilot.press("escape")
 
         await pilot.press("b")
@@ -86,7 +89,7 @@ async def test_baseline_ab_bench_and_history(profile: Profile, tmp_path: Path) -
         await pilot.press("escape")
     with HistoryStore() as store:
         bench_run, ab = store.runs()[0], store.runs()[1]
-        assert ab.kind == "ab" and ab.status == "done" and ab.trial_count == 4
+        assert ab.kind == "ab" and ab.status == "done" and ab.trial_count == 8  # 2 launches x 2 trials per arm
         # one recorded-bench runner: the host as the Host names itself, the flags of the server that ran
         full = store.run(bench_run.id)
-        assert full is not None and full.host == "sim" and full.arms[0].flags["speculative-num-steps"] == 3
+        assert full is not None and full.host == "sim" and full.arms[0].flags["speculative-num-steps"] == 1

@@ -1,9 +1,14 @@
 """Benchmark runs: a fixed request set sent N at concurrency C, its percentiles and summary.
 
 A benchmark run sends its warm-up requests first and leaves them out of the results; the request set is
-deterministic (seeded synthetic prompts, or the lines of a prompt file). One ClientSession (one connection
-pool sized to the concurrency) serves a whole run: `concurrency` workers take the next request index, so a
-run costs no per-request session or task set-up.
+deterministic (seeded synthetic prompts, or the lines of a prompt file). One StreamPool (kept connections, as
+many as the concurrency) serves a whole run, warm-up included: `concurrency` workers take the next request index,
+so a run costs no per-request session, connection or task set-up.
+
+With an energy meter (app.core.telemetry.energy) the measured requests are also a window of the GPUs' energy:
+`BenchSummary.energy` is None or the J/token dict, and `energy_note` says why when there is none. With SLOs in
+the spec (`[bench]` slo_ttft_ms, slo_tpot_ms) the summary gives goodput beside throughput: completed requests
+per second whose TTFT and TPOT are both within them (a one-token answer has no TPOT and meets a TPOT SLO).
 """
 
 from __future__ import annotations
@@ -18,12 +23,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from app.core.measure.client import STALL_TIMEOUT_S, RequestResult, stream_completion, synthetic_prompt
+from app.core.measure.client import (
+    STALL_TIMEOUT_S,
+    RequestResult,
+    completion_request,
+    stream_completion,
+    synthetic_prompt,
+)
+from app.core.measure.stream_http import StreamPool
 from app.core.profiles.types import BenchSettings
+from app.core.telemetry.energy import METHOD_TEXT, EnergyMeter, EnergyReading
 
 WORDS_PER_TOKEN = 0.75  # synthetic prompts: about 4 tokens per 3 words
+NOT_MEASURED = "not measured (no energy meter)"
 
 
 class PromptFileError(ValueError):
@@ -44,6 +56,8 @@ class BenchSpec:
     ignore_eos: bool = True
     prompt_file: Path | None = None
     timeout_s: float = 600.0  # per request
+    slo_ttft_ms: float | None = None  # goodput's SLOs (None: not judged)
+    slo_tpot_ms: float | None = None
 
     @classmethod
     def from_settings(cls, bench: BenchSettings, **overrides: Any) -> BenchSpec:
@@ -51,6 +65,7 @@ class BenchSpec:
         base: dict[str, Any] = {
             "requests": bench.requests, "concurrency": bench.concurrency, "input_len": bench.input_len,
             "max_tokens": bench.output_len, "warmup": bench.warmup, "endpoint": bench.endpoint, "seed": bench.seed,
+            "slo_ttft_ms": bench.slo_ttft_ms, "slo_tpot_ms": bench.slo_tpot_ms,
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
@@ -106,6 +121,12 @@ class BenchSummary:
     e2e_ms: dict[str, float | None]
     accept_len: float | None = None
     accept_source: str = ""  # "log", "meta", "metrics", or why there is none
+    # None or {"method", "joules", "gpus", "mean_w_per_gpu", "output_tokens", "j_per_token", "tokens_per_j"}
+    energy: dict[str, Any] | None = None
+    energy_note: str = NOT_MEASURED  # why `energy` is None, with the method; "" when measured
+    slo: dict[str, float | None] | None = None  # {"ttft_ms", "tpot_ms"} the run was judged by; None: no SLO
+    slo_met: int | None = None  # completed requests within every SLO given
+    goodput_rps: float | None = None  # slo_met / wall_s
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -122,6 +143,16 @@ class BenchSummary:
         return notes
 
 
+def meets_slo(result: RequestResult, ttft_ms: float | None, tpot_ms: float | None) -> bool:
+    """Whether a request finished within both SLOs (None: that one is not judged)."""
+    if not result.ok:
+        return False
+    if ttft_ms is not None and (result.ttft_s is None or result.ttft_s * 1000 > ttft_ms):
+        return False
+    tpot = result.tpot_s
+    return tpot_ms is None or tpot is None or tpot * 1000 <= tpot_ms
+
+
 def _dist_ms(values: Sequence[float]) -> dict[str, float | None]:
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 3)
@@ -130,7 +161,9 @@ def _dist_ms(values: Sequence[float]) -> dict[str, float | None]:
             "mean": ms(statistics.fmean(values)) if values else None}
 
 
-def summarize(results: Sequence[RequestResult], wall_s: float) -> BenchSummary:
+def summarize(results: Sequence[RequestResult], wall_s: float, *, slo_ttft_ms: float | None = None,
+              slo_tpot_ms: float | None = None, energy: EnergyReading | None = None) -> BenchSummary:
+    """The run's aggregates; goodput when an SLO is given, energy when a reading is given."""
     ok = [r for r in results if r.ok]
     errors = Counter((r.error or "failed")[:120] for r in results if not r.ok)
     tokens = sum(r.output_tokens for r in ok)
@@ -153,7 +186,52 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> BenchSummary:
         e2e_ms=_dist_ms([r.latency_s for r in ok if r.latency_s is not None]),
         accept_len=statistics.fmean(metas) if metas else None,
         accept_source="meta" if metas else "",
+        **_energy_fields(energy, tokens),
+        **_slo_fields(results, wall_s, slo_ttft_ms, slo_tpot_ms),
     )
+
+
+def _energy_fields(energy: EnergyReading | None, tokens: int) -> dict[str, Any]:
+    if energy is None:
+        return {"energy": None, "energy_note": NOT_MEASURED}
+    data = energy.to_json(tokens)
+    return {"energy": data, "energy_note": "" if data is not None else energy.note}
+
+
+def _slo_fields(results: Sequence[RequestResult], wall_s: float, ttft_ms: float | None,
+                tpot_ms: float | None) -> dict[str, Any]:
+    if ttft_ms is None and tpot_ms is None:
+        return {"slo": None, "slo_met": None, "goodput_rps": None}
+    met = sum(1 for r in results if meets_slo(r, ttft_ms, tpot_ms))
+    return {"slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "slo_met": met,
+            "goodput_rps": met / wall_s if wall_s > 0 and any(r.ok for r in results) else None}
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The energy and goodput lines of a bench summary (BenchSummary.to_json()), for the CLI and the dashboard."""
+    lines = []
+    energy = summary.get("energy")
+    if energy:
+        per_gpu = ", ".join(f"{w:.1f}" for w in energy["mean_w_per_gpu"])
+        j_tok, tok_j = energy.get("j_per_token"), energy.get("tokens_per_j")
+        lines.append(
+            f"energy ({METHOD_TEXT.get(energy['method'], energy['method'])}): {energy['joules']:.1f} J on "
+            f"{energy['gpus']} GPU{'s' if energy['gpus'] != 1 else ''}, mean {per_gpu} W per GPU; "
+            f"{'n/a' if j_tok is None else f'{j_tok:.4g}'} J/token, "
+            f"{'n/a' if tok_j is None else f'{tok_j:.4g}'} tokens/J")
+    else:
+        lines.append(f"energy: unavailable ({summary.get('energy_note') or NOT_MEASURED})")
+    slo = summary.get("slo")
+    if slo:
+        limits = " and ".join(f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.get("ttft_ms")),
+                                                                              ("TPOT", slo.get("tpot_ms")))
+                              if value is not None)
+        goodput, rate = summary.get("goodput_rps"), summary.get("request_rate")
+        lines.append(
+            f"goodput: {'n/a' if goodput is None else f'{goodput:.3g}'} req/s within {limits} "
+            f"({summary.get('slo_met')} of {summary.get('requests')} requests); throughput "
+            f"{'n/a' if rate is None else f'{rate:.3g}'} req/s")
+    return lines
 
 
 @dataclass
@@ -167,30 +245,33 @@ class BenchResult:
 
 
 async def _send_all(
-    session: aiohttp.ClientSession,
+    session: StreamPool,
     base_url: str,
     model: str,
     spec: BenchSpec,
     prompts: list[str],
     on_result: Callable[[int, RequestResult], None] | None,
 ) -> tuple[list[RequestResult], float]:
-    results: list[RequestResult | None] = [None] * len(prompts)
+    """Send every prompt at spec.concurrency on `session`'s kept connections; the results in prompt order and the
+    wall time. The requests are built before the clock starts; `concurrency` workers take the next index."""
+    chat = spec.endpoint == "chat"
+    requests = [completion_request(base_url, model, prompt, spec.max_tokens, chat=chat, ignore_eos=spec.ignore_eos)
+                for prompt in prompts]
+    results: list[RequestResult | None] = [None] * len(requests)
     next_index = 0
     started = time.monotonic()
-    chat = spec.endpoint == "chat"
 
     async def worker() -> None:
         nonlocal next_index
-        while next_index < len(prompts):
+        while next_index < len(requests):
             i = next_index
             next_index += 1
-            result = await stream_completion(session, base_url, model, prompts[i], spec.max_tokens, chat=chat,
-                                             ignore_eos=spec.ignore_eos, run_started=started)
+            result = await stream_completion(session, requests[i], run_started=started)
             results[i] = result
             if on_result is not None:
                 on_result(i, result)
 
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(spec.concurrency, len(prompts))))]
+    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(spec.concurrency, len(requests))))]
     try:
         await asyncio.gather(*workers)
     finally:
@@ -208,20 +289,29 @@ async def run_bench(
     on_result: Callable[[int, RequestResult], None] | None = None,
     on_warmup_done: Callable[[], None] | None = None,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    energy: EnergyMeter | None = None,
 ) -> BenchResult:
     """Warm up (excluded), then send spec.requests requests at spec.concurrency; returns every result.
+
+    `energy` is started after the warm-up and stopped when the last measured request ends (its reading goes
+    into the summary: `energy`, `energy_note`).
 
     A bad answer (an HTTP error, a broken chunk, a stream silent for `stall_timeout_s`) is an error result of its
     kind (BenchSummary.error_kinds), never an exception out of the run.
     """
     prompts = build_prompts(spec, spec.requests, offset=spec.warmup)
-    connector = aiohttp.TCPConnector(limit=max(spec.concurrency, 1), force_close=False)
-    timeout = aiohttp.ClientTimeout(total=spec.timeout_s, sock_connect=5, sock_read=stall_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with StreamPool(base_url, spec.concurrency, connect_s=5, stall_s=stall_timeout_s,
+                          total_s=spec.timeout_s) as session:
         if spec.warmup > 0:
             warm = replace(spec, requests=spec.warmup)
             await _send_all(session, base_url, model, warm, build_prompts(spec, spec.warmup), None)
         if on_warmup_done is not None:
             on_warmup_done()
-        results, wall = await _send_all(session, base_url, model, spec, prompts, on_result)
-    return BenchResult(spec, results, wall, summarize(results, wall))
+        if energy is not None:
+            await energy.start()
+        try:
+            results, wall = await _send_all(session, base_url, model, spec, prompts, on_result)
+        finally:
+            reading = await energy.stop() if energy is not None else None
+    summary = summarize(results, wall, slo_ttft_ms=spec.slo_ttft_ms, slo_tpot_ms=spec.slo_tpot_ms, energy=reading)
+    return BenchResult(spec, results, wall, summary)

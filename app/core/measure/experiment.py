@@ -4,23 +4,31 @@ An arm is written "F=V F=V ..." (shlex words; `!F` unsets a flag) and applied to
 app.core.profiles.loading.apply_overrides. For each arm: relaunch (kill -> confirm free -> launch -> wait ready),
 record the launch with the server's own resolved flags, send the warm-up requests (excluded), then run
 its trials; each trial is the same fixed request set (BenchSpec) and its value is the trial's output
-tok/s. Order: every trial of A, then every trial of B (one relaunch per arm), or interleaved
-(A B B A A B ...: a relaunch at every change of arm) to cancel slow drift of the host.
+tok/s. Each arm runs `launches` launches (default 2) of `trials` trials each: the launch is the unit of the
+statistics (a launch's mean is one observation: app.core.measure.stats, launch_ratio_stats), because two
+launches of one config differ more than two trials of one launch. Order of the launches: interleaved
+A B B A A B B A ... (a relaunch before every launch, the same arm's included) so slow drift of the host
+cancels, or arm by arm (A A B B) with interleave=False.
 
 Every finished trial is written to the history at once; cancelling (Ctrl-C, escape) keeps the finished
 trials, marks the run "cancelled" and still reports statistics of what was done. A server that does not
 come up for an arm fails the run (ExperimentFailed, Reason.START_FAILED) with the crash detail. After the run
-the last arm's server keeps running. Statistics: app.core.measure.stats (t intervals, log-ratio delta method).
+the last arm's server keeps running. Statistics: app.core.measure.stats (launch level: the pooled t interval on
+log launch means). When the trials' summaries carry "energy" (joules and output tokens over the measured
+window, the method named), each arm gets J/token (sum of joules / sum of tokens, and per launch) and the
+verdict gives both; energy missing in any trial reads "energy not measured", never 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import shlex
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from app.core.data import ServerState
 from app.core.errors import Reason, TunedashError
@@ -29,13 +37,24 @@ from app.core.measure.acceptance import AcceptanceMeter
 from app.core.measure.bench import BenchResult, BenchSpec, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.http_probes import server_info
-from app.core.measure.stats import ArmStats, RatioStats, arm_stats, ratio_stats, verdict
+from app.core.measure.stats import (
+    LaunchArmStats,
+    RatioStats,
+    energy_clause,
+    launch_arm_stats,
+    launch_ratio_stats,
+    launch_verdict,
+)
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import apply_overrides
 from app.core.profiles.render import launch_argv
 from app.core.profiles.types import Profile, ProfileError
 from app.core.server.events import LifecycleEvent, LifecycleView, ServerLogEvent
 from app.core.server.preflight import LaunchRefused
+from app.core.telemetry.energy import EnergyMeter
+
+# A fresh energy meter for an arm's profile (app.core.telemetry.energy.energy_meter_for), one per trial.
+EnergyFor = Callable[[Profile], EnergyMeter]
 
 ARM_LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -69,28 +88,41 @@ def parse_arm(profile: Profile, text: str, label: str) -> ArmSpec:
     return ArmSpec(label, arm_profile, text)
 
 
+class Step(NamedTuple):
+    """One trial of the schedule: the arm, the launch within the arm (0-based), the trial within the launch."""
+
+    arm: int
+    launch: int
+    trial: int
+
+
 @dataclass(frozen=True)
 class ExperimentSpec:
     arms: list[ArmSpec]
-    trials: int
+    trials: int  # per launch
     bench: BenchSpec
-    interleave: bool = False
+    interleave: bool = True
     ready_timeout_s: float = 600.0
+    launches: int = 2  # per arm
 
-    def schedule(self) -> list[tuple[int, int]]:
-        """(arm, trial) in run order: arm by arm, or A B B A A B ... when interleaved."""
+    def launch_order(self) -> list[tuple[int, int]]:
+        """(arm, launch) in run order: A B B A A B ... when interleaved, else every launch of A, then of B."""
         n = len(self.arms)
         if not self.interleave:
-            return [(a, t) for a in range(n) for t in range(self.trials)]
+            return [(a, k) for a in range(n) for k in range(self.launches)]
         order: list[tuple[int, int]] = []
-        for t in range(self.trials):
-            arms = range(n) if t % 2 == 0 else range(n - 1, -1, -1)
-            order.extend((a, t) for a in arms)
+        for k in range(self.launches):
+            arms = range(n) if k % 2 == 0 else range(n - 1, -1, -1)
+            order.extend((a, k) for a in arms)
         return order
 
+    def schedule(self) -> list[Step]:
+        """Every trial in run order: each launch of launch_order() followed by its trials."""
+        return [Step(a, k, t) for a, k in self.launch_order() for t in range(self.trials)]
+
     def params_json(self) -> dict[str, Any]:
-        return {"trials": self.trials, "interleave": self.interleave, "bench": self.bench.to_json(),
-                "metric": "output tok/s per trial"}
+        return {"trials": self.trials, "launches": self.launches, "interleave": self.interleave,
+                "bench": self.bench.to_json(), "metric": "output tok/s per trial", "unit": "launch"}
 
 
 @dataclass(frozen=True)
@@ -100,7 +132,8 @@ class ExperimentProgress:
     kind: str  # relaunch | ready | warmup | request | trial | done | cancelled | failed
     text: str
     arm: int | None = None
-    trial: int | None = None
+    trial: int | None = None  # within the launch
+    launch: int | None = None  # within the arm
     trials_done: int = 0
     trials_total: int = 0
     requests_done: int = 0
@@ -108,11 +141,38 @@ class ExperimentProgress:
     value: float | None = None
 
 
+def energy_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A trial summary's "energy" when it is usable (method, joules >= 0, output tokens >= 0), else None."""
+    energy = summary.get("energy")
+    if not isinstance(energy, dict):
+        return None
+    joules, tokens, method = energy.get("joules"), energy.get("output_tokens"), energy.get("method")
+    if (not isinstance(joules, (int, float)) or isinstance(joules, bool) or not math.isfinite(joules)
+            or joules < 0 or not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0
+            or not isinstance(method, str)):
+        return None
+    return energy
+
+
+def energy_note_of(summary: dict[str, Any]) -> str:
+    """Why a trial summary has no energy, as the bench wrote it ("energy_note", naming the method), else ""."""
+    note = summary.get("energy_note")
+    if not isinstance(note, str) or energy_of(summary) is not None:
+        return ""
+    if note.startswith("not measured (") and note.endswith(")"):  # the bench's "not measured (no energy meter)"
+        note = note[len("not measured ("):-1]
+    return note[:200]
+
+
 @dataclass
 class ArmOutcome:
     label: str
     overrides: str
-    values: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)  # every successful trial, in order
+    launches: list[list[float]] = field(default_factory=list)  # the same values, one list per launch
+    energy: list[dict[str, Any] | None] = field(default_factory=list)  # per trial (energy_of), in order
+    energy_launch: list[int] = field(default_factory=list)  # the launch of each entry of `energy`
+    energy_notes: list[str] = field(default_factory=list)  # per trial: why it has no energy ("" when it has)
     accept: list[float] = field(default_factory=list)
     errors: int = 0
     requests: int = 0
@@ -120,8 +180,33 @@ class ArmOutcome:
     phase_times: list[dict[str, float]] = field(default_factory=list)
 
     @property
-    def stats(self) -> ArmStats:
-        return arm_stats(self.values)
+    def stats(self) -> LaunchArmStats:
+        return launch_arm_stats(self.launches)
+
+    def data(self) -> ArmData:
+        return ArmData(self.label, self.overrides, self.values, self.accept, self.errors, self.requests,
+                       self.output_tokens, self.launches,
+                       list(zip(self.energy_launch, self.energy, self.energy_notes, strict=True)))
+
+
+class ArmData(NamedTuple):
+    """What result_json needs of one arm (a live ArmOutcome or a stored run). `launches` None: one launch.
+
+    energy: (launch, the trial's energy or None[, why not]) for every trial, successful or not."""
+
+    label: str
+    overrides: str
+    values: list[float]
+    accept: list[float]
+    errors: int
+    requests: int
+    output_tokens: int
+    launches: list[list[float]] | None = None
+    energy: list[tuple[Any, ...]] | None = None
+
+    @property
+    def by_launch(self) -> list[list[float]]:
+        return self.launches if self.launches is not None else [self.values]
 
 
 @dataclass
@@ -134,53 +219,130 @@ class ExperimentResult:
     note: str = ""
 
     def ratio(self, arm: int = 1) -> RatioStats:
-        return ratio_stats(self.arms[0].values, self.arms[arm].values)
+        """B/A from the launches (launch_ratio_stats)."""
+        return launch_ratio_stats(self.arms[0].launches, self.arms[arm].launches)
 
     def verdicts(self) -> list[str]:
-        """One verdict per arm after the first, against the first."""
-        first = self.arms[0]
-        return [verdict(first.values, arm.values, a_name=first.label, b_name=arm.label) for arm in self.arms[1:]]
+        """One verdict per arm after the first, against the first (speed and energy)."""
+        return [c["verdict"] for c in self.to_json().get("comparisons", [])]
 
     @property
     def verdict(self) -> str:
         return self.verdicts()[0] if len(self.arms) > 1 else ""
 
     def to_json(self) -> dict[str, Any]:
-        return result_json(self.status, [(a.label, a.overrides, a.values, a.accept, a.errors, a.requests,
-                                          a.output_tokens) for a in self.arms], run_id=self.run_id, note=self.note)
+        return result_json(self.status, [a.data() for a in self.arms], run_id=self.run_id, note=self.note)
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def result_json(status: str, arms: list[tuple[str, str, list[float], list[float], int, int, int]], *,
+def _interval(ci: tuple[float, float] | None, digits: int) -> list[float] | None:
+    return None if ci is None else [round(ci[0], digits), round(ci[1], digits)]
+
+
+def _watts(value: Any) -> list[float] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in value):
+        return None
+    return [float(w) for w in value]
+
+
+def arm_energy(arm: ArmData) -> dict[str, Any] | None:
+    """The arm's energy: J/token over all its trials and per launch; "measured" False when any trial lacks it.
+
+    None when no trial carries an energy field at all (runs from before energy was measured)."""
+    entries = arm.energy or []
+    if not entries:
+        return None
+    got: list[tuple[int, dict[str, Any]]] = [(int(x[0]), x[1]) for x in entries if x[1] is not None]
+    methods = sorted({str(e["method"]) for _, e in got})
+    notes = sorted({str(x[2]) for x in entries if x[1] is None and len(x) > 2 and x[2]})
+    why = f": {'; '.join(notes)}" if notes else ""
+    if not got:
+        return {"measured": False, "methods": methods, "notes": notes, "missing": f"no trial measured energy{why}"}
+    if len(got) < len(entries):
+        return {"measured": False, "methods": methods, "notes": notes,
+                "missing": f"energy missing in {len(entries) - len(got)} of {len(entries)} trials{why}"}
+    joules = sum(float(e["joules"]) for _, e in got)
+    tokens = sum(int(e["output_tokens"]) for _, e in got)
+    per_launch: dict[int, list[float]] = {}
+    for k, e in got:
+        j, n = per_launch.setdefault(k, [0.0, 0.0])
+        per_launch[k] = [j + float(e["joules"]), n + int(e["output_tokens"])]
+    launch_jpt = [j / n for _, (j, n) in sorted(per_launch.items()) if n > 0]
+    watts = [_watts(e.get("mean_w_per_gpu")) for _, e in got]
+    mean_w: list[float] | None = None
+    first_w = watts[0]
+    if first_w and all(w is not None and len(w) == len(first_w) for w in watts):  # the trials' mean, per GPU
+        mean_w = [round(statistics.fmean(w[i] for w in watts if w is not None), 2) for i in range(len(first_w))]
+    return {"measured": True, "methods": methods, "joules": round(joules, 3), "output_tokens": tokens,
+            "j_per_token": round(joules / tokens, 6) if tokens else None,
+            "tokens_per_j": round(tokens / joules, 6) if joules > 0 else None,
+            "launch_j_per_token": [round(v, 6) for v in launch_jpt], "mean_w_per_gpu": mean_w}
+
+
+def _energy_text(first: ArmData, other: ArmData, ea: dict[str, Any] | None, eb: dict[str, Any] | None) -> str:
+    if ea and eb and ea["measured"] and eb["measured"]:
+        return energy_clause([[v] for v in ea["launch_j_per_token"]], [[v] for v in eb["launch_j_per_token"]],
+                             a_name=first.label, b_name=other.label)
+    notes = sorted({n for e in (ea, eb) if e for n in e.get("notes", [])})
+    if notes:
+        return f"energy not measured ({'; '.join(notes)})"
+    methods = sorted({m for e in (ea, eb) if e for m in e["methods"]})
+    return "energy not measured" + (f" (method {', '.join(methods)})" if methods else "")
+
+
+def result_json(status: str, arms: list[ArmData] | list[tuple[Any, ...]], *,
                 run_id: int | None = None, note: str = "") -> dict[str, Any]:
-    """The JSON of an experiment: per-arm trials/mean/ci95, `ratio` and `ratio_ci` (B/A) and `verdict`.
+    """The JSON of an experiment: per arm its launches x trials, launch_values (launch means), mean and ci95
+    from the launches, both spreads, energy; `ratio` and `ratio_ci` (B/A from launches) and `verdict`.
 
     Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`.
+    A plain 7-tuple arm (label, overrides, values, accept, errors, requests, tokens) is one launch.
     """
+    items = [a if isinstance(a, ArmData) else ArmData(*a) for a in arms]
     out_arms = []
-    for label, overrides, values, accept, errors, requests, tokens in arms:
-        st = arm_stats(values)
+    energies = []
+    for arm in items:
+        st = launch_arm_stats(arm.by_launch)
+        energy = arm_energy(arm)
+        energies.append(energy)
         out_arms.append({
-            "label": label, "overrides": overrides, "trials": [round(v, 4) for v in values], "n": st.n,
-            "mean": _round(st.mean), "stdev": _round(st.stdev), "cv": _round(st.cv, 5),
-            "ci95": None if st.ci95 is None else [round(st.ci95[0], 3), round(st.ci95[1], 3)],
-            "accept_len": _round(sum(accept) / len(accept)) if accept else None,
-            "errors": errors, "requests": requests, "output_tokens": tokens,
+            "label": arm.label, "overrides": arm.overrides, "trials": [round(v, 4) for v in arm.values],
+            "n": st.trials, "launches": st.launches,
+            "trials_per_launch": [len(vals) for vals in arm.by_launch if vals],
+            "launch_trials": [[round(v, 4) for v in vals] for vals in arm.by_launch if vals],
+            "launch_values": [round(v, 4) for v in st.launch_values],
+            "mean": _round(st.mean), "launch_cv": _round(st.launch_cv, 5), "trial_cv": _round(st.trial_cv, 5),
+            "ci95": _interval(st.ci95, 3),
+            "accept_len": _round(sum(arm.accept) / len(arm.accept)) if arm.accept else None,
+            "errors": arm.errors, "requests": arm.requests, "output_tokens": arm.output_tokens,
+            "energy": energy,
         })
-    data: dict[str, Any] = {"run_id": run_id, "status": status, "metric": "output tok/s per trial", "arms": out_arms}
-    if len(arms) > 1:
-        first = arms[0]
+    data: dict[str, Any] = {"run_id": run_id, "status": status, "metric": "output tok/s per trial",
+                            "unit": "launch", "arms": out_arms}
+    if len(items) > 1:
+        first = items[0]
         comparisons = []
-        for other in arms[1:]:
-            r = ratio_stats(first[2], other[2])
+        for i, other in enumerate(items[1:], start=1):
+            r = launch_ratio_stats(first.by_launch, other.by_launch)
+            ea, eb = energies[0], energies[i]
+            energy_ratio = None
+            if ea and eb and ea["measured"] and eb["measured"]:
+                energy_ratio = launch_ratio_stats([[v] for v in ea["launch_j_per_token"]],
+                                                  [[v] for v in eb["launch_j_per_token"]])
+            speed = launch_verdict(first.by_launch, other.by_launch, a_name=first.label, b_name=other.label)
+            energy_text = _energy_text(first, other, ea, eb)
             comparisons.append({
-                "arm": other[0], "ratio": _round(r.ratio, 4),
-                "ratio_ci": None if r.ci95 is None else [round(r.ci95[0], 4), round(r.ci95[1], 4)],
-                "significant": r.significant,
-                "verdict": verdict(first[2], other[2], a_name=first[0], b_name=other[0]),
+                "arm": other.label, "ratio": _round(r.ratio, 4), "ratio_ci": _interval(r.ci95, 4),
+                "df": r.df, "significant": r.significant,
+                "energy_ratio": None if energy_ratio is None else _round(energy_ratio.ratio, 4),
+                "energy_ratio_ci": None if energy_ratio is None else _interval(energy_ratio.ci95, 4),
+                "speed_verdict": speed, "energy_verdict": energy_text,
+                "verdict": f"{speed}{', and ' if energy_text.startswith('uses') else '; '}{energy_text}",
             })
         data.update(ratio=comparisons[0]["ratio"], ratio_ci=comparisons[0]["ratio_ci"],
                     verdict=comparisons[0]["verdict"], comparisons=comparisons)
@@ -210,13 +372,15 @@ class Experiment:
     """Runs one ExperimentSpec through the server's owner, writing to a HistoryStore (optional) as trials finish."""
 
     def __init__(self, spec: ExperimentSpec, owner: ServerOwner, store: HistoryStore | None = None,
-                 *, on_progress: Callable[[ExperimentProgress], None] | None = None) -> None:
+                 *, on_progress: Callable[[ExperimentProgress], None] | None = None,
+                 energy_for: EnergyFor | None = None) -> None:
         if len(spec.arms) < 2:
             raise ValueError("an experiment needs at least two arms")
         self.spec = spec
         self.owner = owner
         self.store = store
         self.on_progress = on_progress
+        self.energy_for = energy_for  # None: trials carry no energy ("energy not measured")
         self.run_id: int | None = None
         self.result = ExperimentResult(None, "running", [ArmOutcome(a.label, a.overrides) for a in spec.arms])
         self._meter: AcceptanceMeter | None = None
@@ -264,46 +428,48 @@ class Experiment:
     async def _run_schedule(self) -> None:
         spec = self.spec
         order = spec.schedule()
-        current: int | None = None
-        for done, (arm_idx, trial_idx) in enumerate(order):
-            if arm_idx != current:
-                await self._relaunch(arm_idx, done, len(order))
-                current = arm_idx
-            await self._trial(arm_idx, trial_idx, done, len(order))
+        current: tuple[int, int] | None = None
+        for done, step in enumerate(order):
+            if (step.arm, step.launch) != current:
+                await self._relaunch(step.arm, step.launch, done, len(order))
+                current = (step.arm, step.launch)
+                self.result.arms[step.arm].launches.append([])
+            await self._trial(step, done, len(order))
 
-    async def _relaunch(self, arm_idx: int, done: int, total: int) -> None:
+    async def _relaunch(self, arm_idx: int, launch_idx: int, done: int, total: int) -> None:
         arm = self.spec.arms[arm_idx]
-        self._emit("relaunch", f"arm {arm.label}: relaunch with {arm.overrides or 'the profile as is'}",
-                   arm=arm_idx, trials_done=done, trials_total=total)
+        which = f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches}"
+        self._emit("relaunch", f"{which}: relaunch with {arm.overrides or 'the profile as is'}",
+                   arm=arm_idx, launch=launch_idx, trials_done=done, trials_total=total)
         started = time.time()
         try:
             state = await self.owner.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s,
-                                              change=f"arm {arm.label}: {arm.overrides or 'the profile as is'}")
+                                              change=f"{which}: {arm.overrides or 'the profile as is'}")
         except LaunchRefused as refused:
-            self._record_launch(arm_idx, arm.profile, None, "refused")
+            self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
             raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.reason) from None
         life = self.owner.view()
         times = life.phase_times
         if state != ServerState.READY:
-            self._record_launch(arm_idx, arm.profile, None, state.value.lower())
+            self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
             raise ExperimentFailed(
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
                 f"{'' if state != ServerState.CRASHED else ': ' + life.crash_detail()}); see the log "
                 f"{life.record.log_path if life.record else ''}".rstrip(), Reason.START_FAILED)
         url = await self.owner.host.http_base(arm.profile.port)
         info = await server_info(url, arm.profile.backend)
-        self._record_launch(arm_idx, arm.profile, info, "ready", times)
+        self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
-        self._emit("ready", f"arm {arm.label}: ready after {time.time() - started:.1f} s", arm=arm_idx,
-                   trials_done=done, trials_total=total)
+        self._emit("ready", f"{which}: ready after {time.time() - started:.1f} s", arm=arm_idx,
+                   launch=launch_idx, trials_done=done, trials_total=total)
         if self.spec.bench.warmup > 0:
-            self._emit("warmup", f"arm {arm.label}: {self.spec.bench.warmup} warm-up requests (not counted)",
-                       arm=arm_idx, trials_done=done, trials_total=total)
+            self._emit("warmup", f"{which}: {self.spec.bench.warmup} warm-up requests (not counted)",
+                       arm=arm_idx, launch=launch_idx, trials_done=done, trials_total=total)
             warm = replace(self.spec.bench, requests=self.spec.bench.warmup, warmup=0)
             await run_bench(url, arm.profile.model, warm)
 
-    def _record_launch(self, arm_idx: int, profile: Profile, info: dict[str, Any] | None, outcome: str,
-                       times: dict[str, float] | None = None) -> None:
+    def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
+                       outcome: str, times: dict[str, float] | None = None) -> None:
         if self.store is None:
             return
         server_flags = None
@@ -311,10 +477,13 @@ class Experiment:
             server_flags = {k: v for k, v in info.items() if not isinstance(v, (dict, list)) or k == "speculative"}
         self.store.add_launch(run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
                               argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
-                              phase_times=times or {}, outcome=outcome)
+                              phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
 
-    async def _trial(self, arm_idx: int, trial_idx: int, done: int, total: int) -> None:
+    async def _trial(self, step: Step, done: int, total: int) -> None:
+        arm_idx, launch_idx, trial_idx = step
         arm = self.spec.arms[arm_idx]
+        where = (f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches} trial {trial_idx + 1}/"
+                 f"{self.spec.trials}")
         bench = replace(self.spec.bench, warmup=0)
         url = await self.owner.host.http_base(arm.profile.port)
         meter = AcceptanceMeter(arm.profile.backend, url)
@@ -325,29 +494,36 @@ class Experiment:
         def on_result(_i: int, _r: RequestResult) -> None:
             nonlocal finished
             finished += 1
-            self._emit("request", f"arm {arm.label} trial {trial_idx + 1}: {finished}/{bench.requests}",
-                       arm=arm_idx, trial=trial_idx, trials_done=done, trials_total=total,
+            self._emit("request", f"{where}: {finished}/{bench.requests}",
+                       arm=arm_idx, trial=trial_idx, launch=launch_idx, trials_done=done, trials_total=total,
                        requests_done=finished, requests_total=bench.requests)
 
         try:
-            result: BenchResult = await run_bench(url, arm.profile.model, bench, on_result=on_result)
+            energy = self.energy_for(arm.profile) if self.energy_for is not None else None
+            result: BenchResult = await run_bench(url, arm.profile.model, bench, on_result=on_result, energy=energy)
         finally:
             self._meter = None
         accept, source = await meter.stop(result.summary.accept_len)
         summary = result.summary
+        summary_json = summary.to_json()
         value = summary.output_tok_s
         outcome = self.result.arms[arm_idx]
         if value is not None:
             outcome.values.append(value)
+            outcome.launches[-1].append(value)
+        outcome.energy.append(energy_of(summary_json))
+        outcome.energy_launch.append(launch_idx)
+        outcome.energy_notes.append(energy_note_of(summary_json))
         if accept is not None:
             outcome.accept.append(accept)
         outcome.errors += summary.errors
         outcome.requests += summary.requests
         outcome.output_tokens += summary.output_tokens
         if self.store is not None and self.run_id is not None:
-            self.store.add_trial(self.run_id, arm_idx, trial_idx, value=value, summary=summary.to_json(),
-                                 accept_len=accept, accept_source=source, requests=result.results)
+            self.store.add_trial(self.run_id, arm_idx, trial_idx, value=value, summary=summary_json,
+                                 accept_len=accept, accept_source=source, requests=result.results,
+                                 launch_idx=launch_idx)
         shown = "no successful request" if value is None else f"{value:.1f} tok/s"
         errors = f", {summary.errors} errors" if summary.errors else ""
-        self._emit("trial", f"arm {arm.label} trial {trial_idx + 1}: {shown}{errors}", arm=arm_idx,
+        self._emit("trial", f"{where}: {shown}{errors}", arm=arm_idx, launch=launch_idx,
                    trial=trial_idx, trials_done=done + 1, trials_total=total, value=value)

@@ -19,6 +19,7 @@ from app.core.measure.bench import BenchResult, BenchSpec, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.store import HistoryStore
 from app.core.profiles.types import Profile
+from app.core.telemetry.energy import EnergyMeter
 
 # Feeds the meter server log events (DecodeStats with accept len); returns the function that stops feeding.
 EventFeed = Callable[[Callable[[object], None]], Callable[[], None]]
@@ -44,8 +45,10 @@ async def run_recorded_bench(
     events: EventFeed | None = None,
     on_result: Callable[[int, RequestResult], None] | None = None,
     on_warmup_done: Callable[[], None] | None = None,
+    energy: EnergyMeter | None = None,
 ) -> RecordedBench:
-    """Benchmark the server at base_url and record it (when a store is given). The caller closes the store."""
+    """Benchmark the server at base_url and record it (when a store is given). The caller closes the store.
+    `energy` measures the GPUs over the measured requests (summary "energy", "energy_note")."""
     meter = AcceptanceMeter(profile.backend, base_url)
     stop_feed = events(lambda event: meter.feed(event)) if events is not None else None
     run_id = None
@@ -57,7 +60,8 @@ async def run_recorded_bench(
     summary: dict[str, Any] | None = None
     try:
         await meter.start()
-        result = await run_bench(base_url, profile.model, spec, on_result=on_result, on_warmup_done=on_warmup_done)
+        result = await run_bench(base_url, profile.model, spec, on_result=on_result, on_warmup_done=on_warmup_done,
+                                 energy=energy)
         accept, source = await meter.stop(result.summary.accept_len)
         summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
         if store is not None and run_id is not None:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from app.core.data import FlagChange
-from app.core.measure.experiment import result_json
+from app.core.measure.experiment import ArmData, energy_note_of, energy_of, result_json
 from app.core.measure.store import RunRow
 from app.core.profiles.render import flag_diff
 
@@ -28,13 +28,15 @@ def run_json(run: RunRow) -> dict[str, Any]:
         errors = sum(int(t.summary.get("errors") or 0) for t in trials)
         requests = sum(int(t.summary.get("requests") or 0) for t in trials)
         tokens = sum(int(t.summary.get("output_tokens") or 0) for t in trials)
-        arms.append((arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens))
+        energy = [(t.launch_idx, energy_of(t.summary), energy_note_of(t.summary)) for t in trials]
+        arms.append(ArmData(arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens,
+                            run.trials_by_launch(arm.idx), energy))
     data = result_json(run.status, arms, run_id=run.id, note=run.note or "")
     data.update(kind=run.kind, profile=run.profile, host=run.host, backend=run.backend, model=run.model,
                 started_at=run.started_at, finished_at=run.finished_at, params=run.params,
                 config_diff=[_change_json(c) for c in config_diff(run)],
-                launches=[{"arm": ln.arm_idx, "outcome": ln.outcome, "phase_times": ln.phase_times,
-                           "argv": ln.argv} for ln in run.launches])
+                launches=[{"arm": ln.arm_idx, "launch": ln.launch_idx, "outcome": ln.outcome,
+                           "phase_times": ln.phase_times, "argv": ln.argv} for ln in run.launches])
     if run.kind == "bench" and run.trials:
         data["summary"] = run.trials[0].summary
     return data
@@ -55,9 +57,34 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _pct_cv(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f}%"
+
+
+def _design(arm: dict[str, Any]) -> str:
+    """"2x3": launches x trials per launch ("2x3+2" when a launch ran fewer trials: cancelled or failed)."""
+    per = arm.get("trials_per_launch") or ([arm["n"]] if arm.get("n") else [])
+    if not per:
+        return "0"
+    if len(set(per)) == 1:
+        return f"{len(per)}x{per[0]}"
+    return "+".join(str(n) for n in per)
+
+
+def energy_cell(energy: dict[str, Any] | None) -> str:
+    """J/token of an arm, or why there is none ("not measured", never 0)."""
+    if not energy:
+        return "n/a"
+    if not energy.get("measured"):
+        return "not measured"
+    jpt = energy.get("j_per_token")
+    return "n/a" if jpt is None else f"{jpt:.3f}"
+
+
 def arm_rows(data: dict[str, Any]) -> list[list[str]]:
-    """Header + one row per arm: arm, config, trials, mean, stdev, 95% CI, B/A, accept, errors."""
-    rows = [["arm", "config", "n", "mean tok/s", "stdev", "95% CI", "vs A", "accept len", "errors"]]
+    """Header + one row per arm: launches x trials, mean and 95% CI from the launches, both spreads, B/A, J/token."""
+    rows = [["arm", "config", "launches x trials", "mean tok/s", "95% CI (launches)", "launch CV", "trial CV",
+             "vs A (95% CI)", "J/token", "accept len", "errors"]]
     comparisons = {c["arm"]: c for c in data.get("comparisons", [])}
     for arm in data["arms"]:
         ci = arm["ci95"]
@@ -67,10 +94,30 @@ def arm_rows(data: dict[str, Any]) -> list[list[str]]:
             vs = f"{comp['ratio']:.3f}" + (f" ({rc[0]:.3f}-{rc[1]:.3f})" if rc else "")
         else:
             vs = "-"
-        rows.append([arm["label"], arm["overrides"] or "(profile)", str(arm["n"]), _fmt(arm["mean"]),
-                     _fmt(arm["stdev"], 2), "n/a" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}", vs,
+        rows.append([arm["label"], arm["overrides"] or "(profile)", _design(arm), _fmt(arm["mean"]),
+                     "n/a" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}", _pct_cv(arm.get("launch_cv")),
+                     _pct_cv(arm.get("trial_cv")), vs, energy_cell(arm.get("energy")),
                      _fmt(arm["accept_len"], 2), f"{arm['errors']}/{arm['requests']}"])
     return rows
+
+
+def launch_lines(data: dict[str, Any]) -> list[str]:
+    """Per arm, its launch means (the observations the interval comes from) and, when measured, J/token."""
+    out = []
+    for arm in data["arms"]:
+        values = ", ".join(f"{v:.1f}" for v in arm.get("launch_values") or []) or "none"
+        line = f"{arm['label']} launch means (tok/s): {values}"
+        energy = arm.get("energy") or {}
+        if energy.get("measured"):
+            jpt = ", ".join(f"{v:.3f}" for v in energy.get("launch_j_per_token") or [])
+            watts = energy.get("mean_w_per_gpu")
+            line += f"; J/token per launch: {jpt} ({', '.join(energy['methods'])})"
+            if watts:
+                line += f"; mean W per GPU: {', '.join(f'{w:.0f}' for w in watts)}"
+        elif energy:
+            line += f"; energy not measured ({energy.get('missing')})"
+        out.append(line)
+    return out
 
 
 def text_table(rows: list[list[str]]) -> str:
@@ -86,7 +133,7 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 def experiment_text(data: dict[str, Any]) -> str:
     """The arms table and the verdict(s), for a terminal."""
-    out = [text_table(arm_rows(data))]
+    out = [text_table(arm_rows(data)), *launch_lines(data)]
     for comp in data.get("comparisons", []):
         out.append(f"verdict: {comp['verdict']}")
     if data.get("status") not in (None, "done"):
@@ -109,6 +156,8 @@ def run_markdown(run: RunRow) -> str:
             out.append("")
         out.append(markdown_table(arm_rows(data)))
         out.append("")
+        out += [f"- {line}" for line in launch_lines(data)]
+        out.append("")
         for comp in data.get("comparisons", []):
             out.append(f"**Verdict:** {comp['verdict']}")
         out.append("")
@@ -117,12 +166,21 @@ def run_markdown(run: RunRow) -> str:
         out.append(markdown_table(bench_rows(s)))
         out.append("")
     bench = run.params.get("bench", run.params)
-    out.append(f"Method: {run.params.get('trials', 1)} trial(s) per arm of {bench.get('requests')} requests at "
+    if run.kind == "ab" and "launches" in run.params:
+        design = (f"{run.params['launches']} launch(es) per arm of {run.params.get('trials', 1)} trial(s) each "
+                  f"of {bench.get('requests')} requests")
+        stats = ("the launch is the unit: one value per launch (the mean of its trials); B/A and its 95% interval "
+                 "by the pooled t interval on log launch means (df = both arms' launches - 2); per-arm intervals by "
+                 "Student's t on the launch means")
+        order = " Launches interleaved (A B B A ...)." if run.params.get("interleave") else ""
+    else:  # a run from before launches were the unit: one launch per arm
+        design = f"{run.params.get('trials', 1)} trial(s) per arm of {bench.get('requests')} requests"
+        stats = "one launch per arm: no launch-level interval"
+        order = " Arms interleaved (A B B A)." if run.params.get("interleave") else ""
+    out.append(f"Method: {design} at "
                f"concurrency {bench.get('concurrency')}, input ~{bench.get('input_len')} tokens, "
                f"{bench.get('max_tokens')} output tokens, {bench.get('warmup')} warm-up request(s) after each "
-               f"relaunch excluded; output tokens from the server's usage; 95% intervals by Student's t, B/A by "
-               f"the log-ratio delta method (Welch df)."
-               + (" Arms interleaved (A B B A)." if run.params.get("interleave") else ""))
+               f"relaunch excluded; output tokens from the server's usage; {stats}." + order)
     if run.status != "done":
         out.append("")
         out.append(f"Status: {run.status}" + (f" ({run.note})" if run.note else ""))
@@ -148,18 +206,24 @@ def bench_rows(s: dict[str, Any]) -> list[list[str]]:
 
 
 def run_csv(run: RunRow) -> str:
-    """One row per trial: run, arm, label, overrides, trial, tok/s, accept len, requests, errors, tokens."""
+    """One row per trial: run, arm, label, overrides, launch and trial (1-based), tok/s, accept len, requests,
+    errors, tokens, and the trial's energy (joules, J/token, method; empty when not measured)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["run", "arm", "label", "overrides", "trial", "output_tok_s", "accept_len", "requests",
-                     "errors", "output_tokens"])
+    writer.writerow(["run", "arm", "label", "overrides", "launch", "trial", "output_tok_s", "accept_len", "requests",
+                     "errors", "output_tokens", "joules", "j_per_token", "energy_method"])
     labels = {a.idx: a for a in run.arms}
     for t in run.trials:
         arm = labels.get(t.arm_idx)
-        writer.writerow([run.id, t.arm_idx, arm.label if arm else "", arm.overrides if arm else "", t.trial_idx + 1,
-                         "" if t.value is None else round(t.value, 4),
+        energy = energy_of(t.summary)
+        jpt = energy.get("j_per_token") if energy else None
+        writer.writerow([run.id, t.arm_idx, arm.label if arm else "", arm.overrides if arm else "", t.launch_idx + 1,
+                         t.trial_idx + 1, "" if t.value is None else round(t.value, 4),
                          "" if t.accept_len is None else round(t.accept_len, 4),
-                         t.summary.get("requests"), t.summary.get("errors"), t.summary.get("output_tokens")])
+                         t.summary.get("requests"), t.summary.get("errors"), t.summary.get("output_tokens"),
+                         "" if energy is None else round(float(energy["joules"]), 4),
+                         "" if not isinstance(jpt, (int, float)) else round(float(jpt), 6),
+                         "" if energy is None else energy["method"]])
     return buf.getvalue()
 
 

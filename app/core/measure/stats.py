@@ -25,6 +25,26 @@ the runtime needs no scipy; tests check it against printed table values.
 "More trials would resolve X%": with the arms' relative variances (cv²) the number of trials per arm n
 such that t(0.975, 2n-2) · sqrt((cv_A² + cv_B²) / n) <= log(1 + X); X is the observed difference, or
 1% when the observed difference is smaller than that.
+
+Launches as the unit (what an A/B's verdict comes from; docs/decisions.md#ab-launches-as-the-unit): an arm
+runs L launches of T trials each. One observation per launch: y = log(mean of the launch's trials). Two
+launches of one config differ by more than two trials of one launch do (CUDA graphs, memory layout, clocks),
+so only launches can tell a config's effect from a launch's luck. The B/A interval is the pooled two-sample
+t interval on the y's:
+
+    d   = mean(y_B) - mean(y_A)                        (B/A = exp(d), the ratio of geometric means)
+    sp² = (Σ(y_A - ȳ_A)² + Σ(y_B - ȳ_B)²) / (L_A + L_B - 2)
+    CI  = exp(d ± t(0.975, L_A + L_B - 2) · sp · sqrt(1/L_A + 1/L_B))
+
+This is the exact test of the balanced two-level (launches within arms) model: the launch means' variance is
+σ_launch² + σ_trial²/T, the same for both arms when the launch noise is multiplicative, so pooling is valid and
+gives df = 2 at L = 2 (t = 4.30) where Welch's df would fall between 1 and 2 (t up to 12.7) and lose the power.
+The second level sets a floor: a launch mean cannot vary less than its own trials allow, σ_trial²/T, and
+σ_trial is estimated with L·(T-1) df per arm where sp has only 2, so sp is replaced by
+max(sp, s_within / sqrt(T)) (s_within: the pooled within-launch sd of the log trials, T their harmonic mean
+count). That only widens the interval, and only when two launches happened to agree better than their own
+trials do (an sp estimated from 2 df is often tiny by chance). The df stay L_A + L_B - 2.
+"More launches would resolve X%": the L per arm with t(0.975, 2L-2) · sp · sqrt(2/L) <= log(1+X).
 """
 
 from __future__ import annotations
@@ -235,3 +255,173 @@ def verdict(a: list[float], b: list[float], *, a_name: str = "A", b_name: str = 
         more = f"about {max(needed - n_now, 1)} more trials per arm would resolve {effect * 100:.0f}%"
     return (f"no difference detectable with this noise ({b_name}/{a_name} = {ra.ratio:.3f}, "
             f"95% CI {low:.3f}-{high:.3f}); {more}")
+
+
+# ---- launches as the unit ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchArmStats:
+    """One arm at launch level: its launch means (the observations) and both spreads.
+
+    launch_values: the mean of each launch's successful trials (launches without one left out);
+    mean: their mean; ci95: t(L-1) interval of the launch means (None below two launches);
+    launch_cv: stdev / mean of the launch means; trial_cv: the pooled within-launch stdev of the trials over
+    the mean (None when no launch has two trials).
+    """
+
+    launch_values: list[float]
+    trials: int
+    mean: float | None
+    ci95: tuple[float, float] | None
+    launch_cv: float | None
+    trial_cv: float | None
+
+    @property
+    def launches(self) -> int:
+        return len(self.launch_values)
+
+
+def launch_arm_stats(launches: list[list[float]]) -> LaunchArmStats:
+    kept = [vals for vals in launches if vals]
+    means = [statistics.fmean(vals) for vals in kept]
+    trials = sum(len(vals) for vals in kept)
+    if not means:
+        return LaunchArmStats([], 0, None, None, None, None)
+    st = arm_stats(means)
+    launch_cv = st.cv
+    ss = sum(sum((v - m) ** 2 for v in vals) for vals, m in zip(kept, means, strict=True))
+    within_df = trials - len(kept)
+    trial_cv = math.sqrt(ss / within_df) / st.mean if within_df > 0 and st.mean else None
+    return LaunchArmStats(means, trials, st.mean, st.ci95, launch_cv, trial_cv)
+
+
+def _logs(launches: list[list[float]]) -> list[float] | None:
+    means = launch_arm_stats(launches).launch_values
+    if not means or any(m <= 0 for m in means):
+        return None
+    return [math.log(m) for m in means]
+
+
+def _pooled_sd(ya: list[float], yb: list[float]) -> float | None:
+    df = len(ya) + len(yb) - 2
+    if df < 1:
+        return None
+    ma, mb = statistics.fmean(ya), statistics.fmean(yb)
+    ss = sum((y - ma) ** 2 for y in ya) + sum((y - mb) ** 2 for y in yb)
+    return math.sqrt(ss / df)
+
+
+def _trial_floor_sd(launches: list[list[float]]) -> float | None:
+    """The least standard deviation a log launch mean can have: the within-launch spread of the log trials
+    (pooled over the launches) over sqrt(T), T the harmonic mean of trials per launch. None without within df."""
+    kept = [vals for vals in launches if vals]
+    if not kept or any(v <= 0 for vals in kept for v in vals):
+        return None
+    within_df = sum(len(vals) - 1 for vals in kept)
+    if within_df < 1:
+        return None
+    ss = 0.0
+    for vals in kept:
+        logs = [math.log(v) for v in vals]
+        m = statistics.fmean(logs)
+        ss += sum((y - m) ** 2 for y in logs)
+    harmonic_t = len(kept) / sum(1 / len(vals) for vals in kept)
+    return math.sqrt(ss / within_df / harmonic_t)
+
+
+def _launch_sd(a: list[list[float]], b: list[list[float]], ya: list[float], yb: list[float]) -> float | None:
+    """The sd of one log launch mean: the pooled between-launch sd, never below the trials' floor."""
+    sp = _pooled_sd(ya, yb)
+    if sp is None:
+        return None
+    floor = _trial_floor_sd(a + b)
+    return sp if floor is None else max(sp, floor)
+
+
+def launch_ratio_stats(a: list[list[float]], b: list[list[float]]) -> RatioStats:
+    """B/A from launch means (geometric), with the pooled t interval on their logs (df = L_A + L_B - 2)."""
+    ya, yb = _logs(a), _logs(b)
+    if ya is None or yb is None:
+        return RatioStats(None, None, None)
+    d = statistics.fmean(yb) - statistics.fmean(ya)
+    ratio = math.exp(d)
+    sp = _launch_sd(a, b, ya, yb)
+    if sp is None:
+        return RatioStats(ratio, None, None)
+    df = float(len(ya) + len(yb) - 2)
+    se = sp * math.sqrt(1 / len(ya) + 1 / len(yb))
+    if se == 0.0:
+        return RatioStats(ratio, (ratio, ratio), df)
+    half = t_quantile(0.5 + CONFIDENCE / 2, df) * se
+    return RatioStats(ratio, (math.exp(d - half), math.exp(d + half)), df)
+
+
+MAX_LAUNCHES_SUGGESTED = 100
+
+
+def launches_to_resolve(a: list[list[float]], b: list[list[float]], effect: float) -> int | None:
+    """Launches per arm (total) for a 95% interval of log(B/A) narrower than log(1 + effect), at this spread."""
+    ya, yb = _logs(a), _logs(b)
+    if ya is None or yb is None or effect <= 0:
+        return None
+    sp = _launch_sd(a, b, ya, yb)
+    if sp is None:
+        return None
+    target = math.log1p(effect)
+    for n in range(2, MAX_LAUNCHES_SUGGESTED + 1):
+        if t_quantile(0.975, 2 * n - 2) * sp * math.sqrt(2 / n) <= target:
+            return n
+    return None
+
+
+def launch_verdict(a: list[list[float]], b: list[list[float]], *, a_name: str = "A", b_name: str = "B") -> str:
+    """The verdict from launches: "B is 31% faster than A (95% CI 27-35%)", or why nothing can be claimed."""
+    ra = launch_ratio_stats(a, b)
+    if ra.ratio is None:
+        return f"no verdict: {a_name} or {b_name} has no successful trial"
+    la, lb = launch_arm_stats(a).launches, launch_arm_stats(b).launches
+    if ra.ci95 is None:
+        return (f"{b_name}/{a_name} = {ra.ratio:.3f} from one launch per arm: no interval (trials of one launch "
+                "measure that launch's noise only); run at least 2 launches per arm for a verdict")
+    low, high = ra.ci95
+    if ra.significant:
+        word = "faster" if ra.ratio > 1 else "slower"
+        lo_pct, hi_pct = sorted((abs(low - 1) * 100, abs(high - 1) * 100))
+        return f"{b_name} is {_pct(ra.ratio)} {word} than {a_name} (95% CI {lo_pct:.0f}-{hi_pct:.0f}%)"
+    effect = max(abs(ra.ratio - 1.0), 0.01)
+    needed = launches_to_resolve(a, b, effect)
+    n_now = min(la, lb)
+    if needed is None:
+        more = (f"more than {MAX_LAUNCHES_SUGGESTED} launches per arm would be needed to resolve "
+                f"{effect * 100:.0f}%")
+    else:
+        more = (f"about {max(needed - n_now, 1)} more launches per arm (not more trials) would resolve "
+                f"{effect * 100:.0f}%")
+    return (f"no difference detectable with this launch-to-launch spread ({b_name}/{a_name} = {ra.ratio:.3f}, "
+            f"95% CI {low:.3f}-{high:.3f}); {more}")
+
+
+def energy_clause(a: list[list[float]], b: list[list[float]], *, a_name: str = "A", b_name: str = "B") -> str:
+    """The energy half of a verdict from launch-level J/token values: "uses 18% less energy per token"."""
+    ra = launch_ratio_stats(a, b)
+    if ra.ratio is None:
+        return "energy per token not measured"
+    word = "less" if ra.ratio < 1 else "more"
+    if ra.ci95 is None:
+        return f"uses {_pct(ra.ratio)} {word} energy per token (one launch per arm: no interval)"
+    low, high = ra.ci95
+    if ra.significant:
+        lo_pct, hi_pct = sorted((abs(low - 1) * 100, abs(high - 1) * 100))
+        return f"uses {_pct(ra.ratio)} {word} energy per token (95% CI {lo_pct:.0f}-{hi_pct:.0f}%)"
+    return (f"energy per token {b_name}/{a_name} = {ra.ratio:.3f} (95% CI {low:.3f}-{high:.3f}), "
+            "no difference detectable")
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a binomial proportion: for "k of n experiments claimed"."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n > 0 (got {successes} of {n})")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

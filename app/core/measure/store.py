@@ -9,8 +9,14 @@ the last transactions, never corrupt the file). Several tunedash processes may w
 (busy_timeout), e.g. two people in one tmux.
 
 Tables: runs (one bench or ab run), arms (label, overrides, the effective flags), launches (argv, the
-profile's flags, the server's own resolved flags, phase times, outcome), trials (one value per trial:
-output tok/s, plus its summary and acceptance length), requests (every request of every trial).
+profile's flags, the server's own resolved flags, phase times, outcome, launch_idx: the launch's place within
+its arm), trials (one value per trial: output tok/s, plus its summary, acceptance length and launch_idx),
+requests (every request of every trial).
+
+Schema versions (PRAGMA user_version): 1 had no launch_idx; 2 adds `launch_idx INTEGER NOT NULL DEFAULT 0` to
+trials and launches (an A/B arm runs several launches). Opening a version-1 file adds the columns in place
+(ALTER TABLE ... ADD COLUMN, one transaction): old rows read launch_idx 0, which is what they were (one launch
+per arm).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -50,13 +56,15 @@ CREATE TABLE IF NOT EXISTS launches (
     run_id INTEGER REFERENCES runs(id), arm_idx INTEGER,
     profile TEXT NOT NULL, host TEXT NOT NULL, at REAL NOT NULL,
     argv TEXT NOT NULL, flags TEXT NOT NULL, server_flags TEXT,
-    phase_times TEXT NOT NULL, outcome TEXT NOT NULL
+    phase_times TEXT NOT NULL, outcome TEXT NOT NULL,
+    launch_idx INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS trials (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id INTEGER NOT NULL REFERENCES runs(id), arm_idx INTEGER NOT NULL, trial_idx INTEGER NOT NULL,
     at REAL NOT NULL, value REAL, summary TEXT NOT NULL,
-    accept_len REAL, accept_source TEXT
+    accept_len REAL, accept_source TEXT,
+    launch_idx INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS requests (
     trial_id INTEGER NOT NULL REFERENCES trials(id), idx INTEGER NOT NULL,
@@ -66,6 +74,12 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS trials_run ON trials(run_id);
 CREATE INDEX IF NOT EXISTS requests_trial ON requests(trial_id);
 """
+
+# Columns added after version 1, per table: (column, its declaration). Added to an older file when it opens.
+MIGRATIONS = {
+    "trials": [("launch_idx", "INTEGER NOT NULL DEFAULT 0")],
+    "launches": [("launch_idx", "INTEGER NOT NULL DEFAULT 0")],
+}
 
 
 def data_dir() -> Path:
@@ -94,6 +108,7 @@ class TrialRow:
     summary: dict[str, Any]
     accept_len: float | None
     accept_source: str
+    launch_idx: int = 0  # 0-based launch within the arm; 0 for rows written before schema 2
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class LaunchRow:
     server_flags: dict[str, Any] | None
     phase_times: dict[str, float]
     outcome: str
+    launch_idx: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,14 @@ class RunRow:
         """The arm's successful trial values, in order."""
         return [t.value for t in self.trials if t.arm_idx == arm_idx and t.value is not None]
 
+    def trials_by_launch(self, arm_idx: int) -> list[list[float]]:
+        """The arm's successful trial values grouped by launch (launch_idx order), empty launches left out."""
+        by_launch: dict[int, list[float]] = {}
+        for t in self.trials:
+            if t.arm_idx == arm_idx and t.value is not None:
+                by_launch.setdefault(t.launch_idx, []).append(t.value)
+        return [by_launch[k] for k in sorted(by_launch)]
+
 
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
@@ -163,10 +187,24 @@ class HistoryStore:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._migrate()
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the history database ({exc}); "
                              f"set {DATA_DIR_ENV} to a writable folder") from None
+
+    def _migrate(self) -> None:
+        """Bring an older file up to SCHEMA_VERSION in one transaction (a newer file is left as it is)."""
+        version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
+        if version >= SCHEMA_VERSION:
+            return
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            for table, columns in MIGRATIONS.items():
+                have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns:
+                    if name not in have:  # another process may have migrated it first
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.db.close()
@@ -196,24 +234,27 @@ class HistoryStore:
 
     def add_launch(self, *, run_id: int | None, arm_idx: int | None, profile: str, host: str, argv: list[str],
                    flags: dict[str, Any], server_flags: dict[str, Any] | None, phase_times: dict[str, float],
-                   outcome: str) -> None:
+                   outcome: str, launch_idx: int = 0) -> None:
         self.db.execute(
             "INSERT INTO launches (run_id, arm_idx, profile, host, at, argv, flags, server_flags, phase_times, "
-            "outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcome, launch_idx) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, arm_idx, profile, host, time.time(), json.dumps(argv), json.dumps(flags, default=str),
              None if server_flags is None else json.dumps(server_flags, default=str), json.dumps(phase_times),
-             outcome),
+             outcome, launch_idx),
         )
 
     def add_trial(self, run_id: int, arm_idx: int, trial_idx: int, *, value: float | None, summary: dict[str, Any],
-                  accept_len: float | None, accept_source: str, requests: Sequence[Any]) -> None:
-        """One finished trial and its requests (RequestResult-like objects), in one transaction."""
+                  accept_len: float | None, accept_source: str, requests: Sequence[Any], launch_idx: int = 0) -> None:
+        """One finished trial and its requests (RequestResult-like objects), in one transaction.
+
+        trial_idx counts within the launch; launch_idx is the launch's place within the arm (0-based)."""
         with self.db:
             self.db.execute("BEGIN")
             cur = self.db.execute(
-                "INSERT INTO trials (run_id, arm_idx, trial_idx, at, value, summary, accept_len, accept_source) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, arm_idx, trial_idx, time.time(), value, json.dumps(summary), accept_len, accept_source),
+                "INSERT INTO trials (run_id, arm_idx, trial_idx, at, value, summary, accept_len, accept_source, "
+                "launch_idx) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, arm_idx, trial_idx, time.time(), value, json.dumps(summary), accept_len, accept_source,
+                 launch_idx),
             )
             trial_id = cur.lastrowid
             self.db.executemany(
@@ -252,21 +293,23 @@ class HistoryStore:
         base = self._run_row(row)
         arms = [ArmRow(idx, label, overrides, _loads(flags) or {}) for idx, label, overrides, flags in self.db.execute(
             "SELECT idx, label, overrides, flags FROM arms WHERE run_id = ? ORDER BY idx", (run_id,))]
-        trials = [TrialRow(a, t, at, v, _loads(s) or {}, al, src or "") for a, t, at, v, s, al, src in self.db.execute(
-            "SELECT arm_idx, trial_idx, at, value, summary, accept_len, accept_source FROM trials "
-            "WHERE run_id = ? ORDER BY id", (run_id,))]
-        launches = [LaunchRow(a, at, _loads(argv) or [], _loads(fl) or {}, _loads(sf), _loads(pt) or {}, out)
-                    for a, at, argv, fl, sf, pt, out in self.db.execute(
-                        "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome FROM launches "
+        trials = [TrialRow(a, t, at, v, _loads(s) or {}, al, src or "", int(li or 0))
+                  for a, t, at, v, s, al, src, li in self.db.execute(
+                      "SELECT arm_idx, trial_idx, at, value, summary, accept_len, accept_source, launch_idx "
+                      "FROM trials WHERE run_id = ? ORDER BY id", (run_id,))]
+        launches = [LaunchRow(a, at, _loads(argv) or [], _loads(fl) or {}, _loads(sf), _loads(pt) or {}, out,
+                              int(li or 0))
+                    for a, at, argv, fl, sf, pt, out, li in self.db.execute(
+                        "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome, launch_idx FROM launches "
                         "WHERE run_id = ? ORDER BY id", (run_id,))]
         return RunRow(**{**base.__dict__, "arms": arms, "trials": trials, "launches": launches})
 
     def request_rows(self, run_id: int) -> list[dict[str, Any]]:
         """Every stored request of a run, with its arm and trial (for CSV export and audits)."""
         cur = self.db.execute(
-            "SELECT t.arm_idx, t.trial_idx, q.idx, q.ok, q.output_tokens, q.ttft_s, q.latency_s, q.tpot_s, q.start_s, "
-            "q.usage_missing, q.error FROM requests q JOIN trials t ON q.trial_id = t.id WHERE t.run_id = ? "
-            "ORDER BY t.id, q.idx", (run_id,))
+            "SELECT t.arm_idx, t.launch_idx, t.trial_idx, q.idx, q.ok, q.output_tokens, q.ttft_s, q.latency_s, "
+            "q.tpot_s, q.start_s, q.usage_missing, q.error FROM requests q JOIN trials t ON q.trial_id = t.id "
+            "WHERE t.run_id = ? ORDER BY t.id, q.idx", (run_id,))
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 

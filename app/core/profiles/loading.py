@@ -36,7 +36,10 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                 uses when the flag is unset), requires (a flag that must be set), help.
                 `g = false` removes a built-in toggle.
     [bench]     concurrency (4), requests (32), input_len (512), output_len (256), warmup (2 requests),
-                trials (3), endpoint ("completions" | "chat", "completions"), seed (0)
+                trials (3, per launch), launches (2, per A/B arm), endpoint ("completions" | "chat",
+                "completions"), seed (0),
+                slo_ttft_ms, slo_tpot_ms (numbers of ms, unset: no goodput): a request meets the SLOs
+                when its TTFT and its time per output token are at most these; goodput = such requests/s
 
 backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as scripts/gpu_hog.py):
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -338,6 +339,12 @@ class ProfileReader:
                 if endpoint not in ENDPOINTS:
                     raise self.fail("bench.endpoint", f"expected one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
                 values[key] = endpoint
+                continue
+            if key in ("slo_ttft_ms", "slo_tpot_ms"):
+                slo = table[key]
+                if isinstance(slo, bool) or not isinstance(slo, int | float) or not 0 < slo < math.inf:
+                    raise self.fail(f"bench.{key}", f"expected a number of milliseconds above 0, got {_describe(slo)}")
+                values[key] = float(slo)
                 continue
             number = self.typed(table, key, int, "bench.")
             least = 0 if key in ("warmup", "seed") else 1

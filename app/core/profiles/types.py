@@ -22,9 +22,12 @@ class BenchSettings:
     input_len: int = 512
     output_len: int = 256
     warmup: int = 2  # requests sent and discarded before the trials
-    trials: int = 3
+    trials: int = 3  # trials per launch of an A/B arm
+    launches: int = 2  # launches per A/B arm (the unit of the A/B's interval: app.core.measure.stats)
     endpoint: str = "completions"  # "completions" | "chat"
     seed: int = 0
+    slo_ttft_ms: float | None = None  # goodput: a request meets the SLOs when its TTFT is at most this (ms)
+    slo_tpot_ms: float | None = None  # ... and its time per output token after the first at most this (ms)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """NvmlTelemetry: this machine's GPUs through NVML (nvidia-ml-py), every failing call a None plus a reason.
 
 Public API: ``NvmlTelemetry(indices=None, *, nvml=None, proc_root="/proc", process_interval_s=1.0)``
-with ``await sample() -> GpuSnapshot``, ``stream(period_ms=1000) -> AsyncIterator[GpuSnapshot]`` and
+with ``await sample() -> GpuSnapshot``, ``stream(period_ms=1000) -> AsyncIterator[GpuSnapshot]``,
+``await read_energy() -> EnergyCounters`` (the total energy counters, for app.core.telemetry.energy) and
 ``await close()`` (nvmlShutdown). ``nvml`` is the pynvml module (imported lazily when None); tests inject a
 fake with the same functions, return shapes and exception classes.
 
@@ -80,6 +81,16 @@ class _Device:
     processes_taken_at: float | None = None
 
 
+@dataclass(frozen=True)
+class EnergyCounters:
+    """One read of the total energy counters: per GPU index (mJ, monotonic time of the read), per GPU the
+    reason its counter could not be read, and `error` when NVML itself could not be used."""
+
+    values: dict[int, tuple[int, float]]
+    unavailable: dict[int, str]
+    error: str | None = None
+
+
 class NvmlTelemetry:
     """GPU readings from NVML on the local machine (see the module docstring for the rules)."""
 
@@ -148,6 +159,44 @@ class NvmlTelemetry:
             backoff_s=self._backoff_s,
             clock=self._clock,
         )
+
+    async def read_energy(self) -> EnergyCounters:
+        """Every selected GPU's total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ since the driver
+        loaded), each with the monotonic time right after its read; a GPU whose counter cannot be read has the
+        reason instead (NVMLError_NotSupported before Volta). A read costs ~4 ms on an H200: read a window's edges,
+        not every sample (docs/decisions.md#energy-per-token)."""
+        async with self._lock:
+            return await asyncio.to_thread(self._read_energy)
+
+    def _read_energy(self) -> EnergyCounters:
+        try:
+            nvml = self._module()
+        except ImportError as exc:
+            return EnergyCounters({}, {}, f"NVML: {_reason(exc)} (install nvidia-ml-py)")
+        if not self._initialised:
+            try:
+                nvml.nvmlInit()
+            except Exception as exc:
+                return EnergyCounters({}, {}, _init_error(exc).message)
+            self._initialised = True
+        if self._devices is None:
+            error = self._open_devices(nvml)
+            if error is not None:
+                return EnergyCounters({}, {}, error.message)
+        values: dict[int, tuple[int, float]] = {}
+        unavailable = {i: f"GPU {i} not found ({self._count} GPUs visible)" for i in self._missing_indices}
+        for device in self._devices or []:
+            handle_error = self._open_handle(nvml, device)
+            if handle_error is not None:
+                unavailable[device.index] = handle_error
+                continue
+            try:
+                millijoules = int(nvml.nvmlDeviceGetTotalEnergyConsumption(device.handle))
+            except Exception as exc:
+                unavailable[device.index] = _reason(exc)
+                continue
+            values[device.index] = (millijoules, self._clock())
+        return EnergyCounters(values, unavailable)
 
     async def close(self) -> None:
         """nvmlShutdown, once, if nvmlInit succeeded."""
