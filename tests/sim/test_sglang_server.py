@@ -260,3 +260,17 @@ def test_more_ranks_than_gpus_fails(sim_env: dict[str, str], tmp_path: Path, rea
     srv = Server(reaper, sim_env, tmp_path / "server.log", tp=tp)
     assert srv.proc.wait(timeout=15) != 0
     assert "invalid device ordinal" in srv.text()
+
+
+def test_a_pre_rendered_token_event_is_the_same_bytes_as_rendering_it_whole() -> None:
+    import json
+
+    from app.sim.http_api import TEXT_MARK, event_around_text
+
+    def chunk(text: str) -> dict[str, object]:
+        return {"id": "r1", "object": "text_completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}], "usage": None}
+
+    head, tail = event_around_text(chunk(TEXT_MARK))
+    for text in ("", " word", 'a "quoted" \\ back\nslash', "naïve 日本 \x00 \u2028", TEXT_MARK * 2):
+        assert head + json.dumps(text).encode() + tail == f"data: {json.dumps(chunk(text))}\n\n".encode()

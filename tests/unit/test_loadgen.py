@@ -15,8 +15,9 @@ from aiohttp import web
 from app.core.data import DecodeStats, LogLine
 from app.core.measure.acceptance import AcceptanceMeter
 from app.core.measure.bench import BenchSpec, PromptFileError, build_prompts, percentile, run_bench
-from app.core.measure.client import stream_completion
+from app.core.measure.client import completion_request, stream_completion
 from app.core.measure.probe import probe_completion
+from app.core.measure.stream_http import StreamPool
 from tests.helpers import serving
 
 
@@ -117,8 +118,8 @@ async def test_probe_parses_few_chunks_and_agrees_with_the_full_client(server):
     import aiohttp
 
     url, script = server
-    async with aiohttp.ClientSession() as session:
-        full = await stream_completion(session, url, "m", "p", 20)
+    async with aiohttp.ClientSession() as session, StreamPool(url, 1) as pool:
+        full = await stream_completion(pool, completion_request(url, "m", "p", 20))
         probe = await probe_completion(session, url, "m", "p", 20)
         assert probe.ok and probe.output_tokens == full.output_tokens == 20  # usage, not 7 chunks
         assert probe.chunks == full.chunks == 7 and not probe.usage_missing

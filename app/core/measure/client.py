@@ -1,5 +1,10 @@
 """The streaming OpenAI-compatible client: one timed request, its RequestResult, synthetic prompts.
 
+The load generator's requests are built once before a run (completion_request) and sent on the kept connections of
+a stream_http.StreamPool; CompletionReader reads the SSE lines as bytes in the callback that received them
+(docs/decisions.md#benchmark-client). Chunks are parsed with orjson; the standard library's json reads what orjson
+refuses and decides every error's kind, so both give one answer.
+
 Tokens are counted from `usage.completion_tokens` (stream_options.include_usage), never from the
 number of SSE chunks: speculative decoding sends several tokens per chunk. When a server sends no
 usage, the count falls back to the number of content chunks and the result says so (`usage_missing`;
@@ -15,12 +20,13 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from aiohttp.http_exceptions import LineTooLong
+import orjson
+
+from app.core.measure.stream_http import HttpError, Origin, StreamPool
 
 WORDS = [
     "tune",
@@ -121,13 +127,12 @@ class BadChunk(StreamFailed):
 
 
 MAX_SSE_LINE = 128 * 1024
-"""The longest SSE line either reader takes (bytes): a longer one is a bad answer, never held whole (the full
-client's aiohttp reader gives up at its buffer limit, 512 KiB by default, the probe at this size)."""
+"""The longest SSE line either reader takes (bytes): a longer one is a bad answer, never held whole."""
 
 LINE_TOO_LONG = f"bad answer: an SSE line over {MAX_SSE_LINE // 1024} KiB"
 NOT_UTF8 = "bad answer: a chunk that is not UTF-8"
 
-READ_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, StreamFailed)
+READ_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, StreamFailed, HttpError)
 """What ends a streamed request as an error result (the exception's text, else its type's name)."""
 
 STALL_TIMEOUT_S = 120.0
@@ -143,18 +148,10 @@ async def check_status(response: aiohttp.ClientResponse) -> None:
         raise StreamFailed(f"HTTP {response.status}: {start.decode(errors='replace')[:200]}")
 
 
-async def stream_completion(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    *,
-    chat: bool = False,
-    ignore_eos: bool = True,
-    run_started: float | None = None,
-) -> RequestResult:
-    """Send one streaming request and time it."""
+def completion_request(
+    base_url: str, model: str, prompt: str, max_tokens: int, *, chat: bool = False, ignore_eos: bool = True
+) -> bytes:
+    """One streaming completion request (head and body), built once before a run and sent as is."""
     body: dict[str, object] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -166,65 +163,87 @@ async def stream_completion(
         body["ignore_eos"] = True
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
-        url = f"{base_url}/v1/chat/completions"
     else:
         body["prompt"] = prompt
-        url = f"{base_url}/v1/completions"
-    result = RequestResult(ok=False)
-    started = time.monotonic()
-    if run_started is not None:
-        result.start_s = started - run_started
-    last = None
-    chunks = 0
-    usage_tokens = None
-    try:
-        async with session.post(url, json=body) as response:
-            await check_status(response)
-            async for raw in _lines(response.content):
-                try:
-                    line = raw.decode().strip()
-                except UnicodeDecodeError:
-                    raise BadChunk(NOT_UTF8) from None
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk, tokens_so_far = read_chunk(payload)
-                if chunk is None:
-                    continue
-                if tokens_so_far is not None:
-                    usage_tokens = tokens_so_far
-                accept_len = meta_accept_len(chunk, usage_tokens)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    return Origin(base_url).post(path, orjson.dumps(body))
+
+
+class CompletionReader:
+    """Reads one streamed completion as its bytes arrive (a BodySink of stream_http): SSE lines split on bytes,
+    each `data:` payload read by read_chunk, meta_accept_len and chunk_text; TTFT and ITL stamped with the clock
+    reading of the receive that brought the chunk (chunks of one receive arrived together)."""
+
+    __slots__ = ("_tail", "chunks", "last_text_at", "result", "started", "usage_tokens")
+
+    def __init__(self, run_started: float | None) -> None:
+        self.result = RequestResult(ok=False)
+        self.started = time.monotonic()
+        if run_started is not None:
+            self.result.start_s = self.started - run_started
+        self.last_text_at: float | None = None
+        self.chunks = 0
+        self.usage_tokens: int | None = None
+        self._tail = b""
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Read the lines `data` completes; True once `data: [DONE]` came. Raises BadChunk or StreamFailed."""
+        if self._tail:
+            data = self._tail + data
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > MAX_SSE_LINE:
+            raise BadChunk(LINE_TOO_LONG)
+        result = self.result
+        for line in lines:
+            if len(line) > MAX_SSE_LINE:
+                raise BadChunk(LINE_TOO_LONG)
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return True
+            chunk, tokens_so_far = read_chunk(payload)
+            if chunk is None:
+                continue
+            if tokens_so_far is not None:
+                self.usage_tokens = tokens_so_far
+            if chunk.get("meta_info") is not None:
+                accept_len = meta_accept_len(chunk, self.usage_tokens)
                 if accept_len is not None:
                     result.accept_len = accept_len
-                if chunk_text(chunk):
-                    now = time.monotonic()
-                    if result.ttft_s is None:
-                        result.ttft_s = now - started
-                    elif last is not None:
-                        result.itl_s.append(now - last)
-                    last = now
-                    chunks += 1
+            choices = chunk.get("choices")
+            if (type(choices) is list and len(choices) == 1 and type(choice := choices[0]) is dict
+                    and type(piece := choice.get("text")) is str and piece):
+                has_text = True  # one choice with text: what chunk_text finds, without its walk
+            else:
+                has_text = bool(chunk_text(chunk))
+            if has_text:
+                if result.ttft_s is None:
+                    result.ttft_s = now - self.started
+                elif self.last_text_at is not None:
+                    result.itl_s.append(now - self.last_text_at)
+                self.last_text_at = now
+                self.chunks += 1
+        return False
+
+
+async def stream_completion(pool: StreamPool, request: bytes, *, run_started: float | None = None) -> RequestResult:
+    """Send one prepared streaming request (completion_request) on a kept connection of `pool` and time it."""
+    readers: list[CompletionReader] = []
+
+    def reader() -> CompletionReader:
+        readers.append(CompletionReader(run_started))
+        return readers[-1]
+
+    try:
+        await pool.stream(request, reader)
     except READ_ERRORS as exc:
+        result = readers[-1].result if readers else RequestResult(ok=False)
         result.error = str(exc) or type(exc).__name__
         return result
-    return result.settle(started, last, chunks, usage_tokens)
-
-
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The body's lines; one longer than the reader's limit (aiohttp's LineTooLong, a ValueError before 3.10) is a
-    BadChunk, never an exception of its own."""
-    while True:
-        try:
-            line = await content.readline()
-        except (LineTooLong, ValueError):
-            raise BadChunk(LINE_TOO_LONG) from None
-        if not line:
-            return
-        if len(line) > MAX_SSE_LINE:
-            raise BadChunk(LINE_TOO_LONG)
-        yield line
+    done = readers[-1]
+    return done.result.settle(done.started, done.last_text_at, done.chunks, done.usage_tokens)
 
 
 MAX_TOKENS_COUNT = 10**9
@@ -238,17 +257,15 @@ def read_chunk(payload: str | bytes) -> tuple[dict[str, Any] | None, int | None]
     what counts as a token or an error: an error chunk raises StreamFailed with the error's text; a payload that is
     not UTF-8, not JSON, not a JSON object, or whose usage is not a count raises BadChunk naming the kind.
     """
-    if isinstance(payload, bytes):
-        try:
-            payload = payload.decode()
-        except UnicodeDecodeError:
-            raise BadChunk(NOT_UTF8) from None
     if not payload:
         return None, None
     try:
-        chunk = json.loads(payload)
-    except (ValueError, RecursionError):
-        raise BadChunk("bad answer: a chunk that is not JSON") from None
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        chunk = _json_loads(payload)
+    else:
+        if isinstance(chunk, dict) and "error" in chunk:
+            chunk = _json_loads(payload)  # the error's text as the standard library reads it (numbers past 64 bits)
     if not isinstance(chunk, dict):
         raise BadChunk("bad answer: a chunk that is not a JSON object")
     if "error" in chunk:
@@ -268,6 +285,20 @@ def read_chunk(payload: str | bytes) -> tuple[dict[str, Any] | None, int | None]
     if count is None:
         raise BadChunk("bad answer: usage.completion_tokens is not a token count")
     return chunk, count
+
+
+def _json_loads(payload: str | bytes) -> Any:
+    """The standard library's reading of a payload: the one that decides what orjson refuses (NaN, 1e400, lone
+    surrogates, more than 1024 levels) and every error's kind."""
+    if isinstance(payload, bytes):
+        try:
+            payload = payload.decode()
+        except UnicodeDecodeError:
+            raise BadChunk(NOT_UTF8) from None
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):
+        raise BadChunk("bad answer: a chunk that is not JSON") from None
 
 
 def _count(value: object) -> int | None:
