@@ -23,6 +23,7 @@ the server as for a local launch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.hosts.base import Host
@@ -40,6 +41,24 @@ def host_for(profile: Profile) -> Host:
         check_no_sim_version(profile)
         return LocalHost("local")
     return ssh_host_for(profile)
+
+
+def fleet_hosts(profiles: Sequence[Profile]) -> list[tuple[Profile, Host | ProfileError]]:
+    """Each profile with its host, one Host per distinct host (`tunedash fleet`): profiles naming the same SSH
+    host (and the same simulated state behind it, if any) share one Host, so one connection; a profile whose
+    host cannot be made gets its ProfileError instead."""
+    shared: dict[tuple[str, Path | None, str, str], Host] = {}
+    out: list[tuple[Profile, Host | ProfileError]] = []
+    for profile in profiles:
+        key = (profile.host, profile.sim_state, profile.sim_version, profile.sim_gpus)
+        if key not in shared:
+            try:
+                shared[key] = host_for(profile)
+            except ProfileError as exc:
+                out.append((profile, exc))
+                continue
+        out.append((profile, shared[key]))
+    return out
 
 
 def ssh_host_for(profile: Profile) -> Host:

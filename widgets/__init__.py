@@ -10,6 +10,7 @@ from widgets.event_log import EventEntry, EventLog
 from widgets.flags_panel import FlagsPanel, ToggleRow
 from widgets.gpu_panel import GpuPanel, GpuRow, MemoryBar
 from widgets.help_screen import HelpScreen
+from widgets.key_footer import KeyFooter
 from widgets.log_view_screen import LogLines, LogViewScreen
 from widgets.server_panel import ServerPanel, ServerView
 from widgets.throughput_chart import ThroughputChart
@@ -24,6 +25,7 @@ __all__ = [
     "GpuPanel",
     "GpuRow",
     "HelpScreen",
+    "KeyFooter",
     "LogLines",
     "LogViewScreen",
     "MemoryBar",

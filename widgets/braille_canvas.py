@@ -7,6 +7,8 @@ take the style of the last line drawn through it. Pure Python, no terminal (why:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
@@ -34,13 +36,16 @@ class BrailleCanvas:
             self._dots[cell] |= _DOT_BITS[y & 3][x & 1]
             self._dot_style[cell] = style
 
-    def line(self, x0: int, y0: int, x1: int, y1: int, style: Style | None) -> None:
-        """A straight line of dots from (x0, y0) to (x1, y1), both ends included (Bresenham)."""
+    def line(self, x0: int, y0: int, x1: int, y1: int, style: Style | None,
+             mask: Callable[[int], bool] | None = None) -> None:
+        """A straight line of dots from (x0, y0) to (x1, y1), both ends included (Bresenham); with `mask`, only
+        the dots whose x it accepts (a dashed or dotted line)."""
         dx, dy = abs(x1 - x0), -abs(y1 - y0)
         sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
         err = dx + dy
         while True:
-            self.dot(x0, y0, style)
+            if mask is None or mask(x0):
+                self.dot(x0, y0, style)
             if x0 == x1 and y0 == y1:
                 return
             e2 = 2 * err

@@ -12,6 +12,8 @@ from rich.text import Text
 from textual.widgets import RichLog
 
 Level = Literal["info", "action", "success", "warning", "error"]
+LEVEL_MARKS = {"warning": "! ", "error": "✗ "}
+"""The mark before a warning's or an error's text, so the level reads without colour."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ class EventLog(RichLog):
     def _write_entry(self, entry: EventEntry) -> None:
         line = Text()
         line.append(self.format_time(entry.at) + " ", self.get_component_rich_style("event-log--time", partial=True))
-        line.append(entry.text, self.get_component_rich_style(f"event-log--{entry.level}", partial=True))
+        # a warning or an error says so in a mark too, not in its colour only (NO_COLOR shows it in greys)
+        style = self.get_component_rich_style(f"event-log--{entry.level}", partial=True)
+        line.append(LEVEL_MARKS.get(entry.level, "") + entry.text, style)
         self.write(line)
 
     def export_text(self) -> str:

@@ -25,6 +25,14 @@ from app.core.data import GpuSample, GpuSnapshot, TelemetryError
 
 NA = "n/a"
 """What a value that could not be read shows as."""
+NAME_MIN_W = 16
+"""The name column is as wide as the longest "index name" of the panel plus a space, at least this..."""
+BAR_MIN_W = 6
+AGE_W = 12
+"""...and at most what leaves the memory bar BAR_MIN_W cells (its CSS min-width) beside a "stale 4.2s" age of
+AGE_W cells; a longer name is cut with an ellipsis (its tooltip has it whole)."""
+FIGURES_W = 19 + 5 + 6 + 6
+"""The fixed cells right of the bar (memory, util, temp, power: GpuRow's CSS widths)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,7 @@ class GpuRow(Widget):
         self._age_args: tuple[float, float] | None = None
         self._statics: dict[str, Static] = {}  # the cells by key, made in compose (no query per update)
         self._bar: MemoryBar | None = None
+        self._name_width = NAME_MIN_W
 
     def compose(self) -> ComposeResult:
         """A line of cells and a line of processes."""
@@ -184,13 +193,6 @@ class GpuRow(Widget):
             for key in ("memory", "util", "temp", "power", "age"):
                 yield self._statics[key]
         yield self._statics["procs"]
-
-    def on_mount(self) -> None:
-        """Show the sample the row was created with."""
-        self._composed = True
-        self.show(self._sample)
-        if self._age_args is not None:
-            self.set_age(*self._age_args)
 
     def _cells_mounted(self) -> bool:
         """The cells live in a Horizontal whose children can mount after this row's Mount event (a show
@@ -243,6 +245,27 @@ class GpuRow(Widget):
             self._shown_age_text = cell.text
             static.tooltip = cell.tooltip
 
+    @property
+    def name_text(self) -> str:
+        """The name cell's text ("0 NVIDIA RTX A6000")."""
+        name = self._sample.name if self._sample.name is not None else NA
+        return f"{self._sample.index} {name}"
+
+    def set_name_width(self, width: int) -> None:
+        """Make the name column `width` cells wide (the panel gives every row the same width)."""
+        self._name_width = width
+        static = self._statics.get("name")
+        if static is not None and static.styles.width != width:
+            static.styles.width = width
+
+    def on_mount(self) -> None:
+        """Show the sample the row was created with."""
+        self._composed = True
+        self.show(self._sample)
+        if self._age_args is not None:
+            self.set_age(*self._age_args)
+        self.set_name_width(self._name_width)
+
     def on_click(self, event: Click) -> None:
         """Tell the panel this GPU was selected."""
         self.post_message(GpuPanel.Selected(self.index, self.uuid))
@@ -283,6 +306,7 @@ class GpuPanel(Widget):
         self._rows: dict[str, GpuRow] = {}
         self._error: TelemetryError | None = None
         self._selected: str | None = None
+        self._names: tuple[str | None, ...] = ()
 
     def compose(self) -> ComposeResult:
         """The error line and a placeholder until the first sample."""
@@ -325,6 +349,10 @@ class GpuPanel(Widget):
             else:
                 for sample in samples:
                     self._rows[sample.uuid].show(sample)
+                names = tuple(s.name for s in samples)
+                if names != self._names:  # a name read late (n/a first): the column follows
+                    self._names = names
+                    self._fit_names()
         self.set_ages(now, period_s)
 
     def set_ages(self, now: float, period_s: float = 1.0) -> None:
@@ -337,11 +365,29 @@ class GpuPanel(Widget):
         for row in self._rows.values():
             row.remove()
         self._rows = {s.uuid: GpuRow(s) for s in samples}
+        self._names = tuple(s.name for s in samples)
         empty = self.query(".gpu-empty")
         if empty:
             empty.remove()
         self.mount_all(list(self._rows.values()))
         self.select(self._selected)  # the selected GPU stays selected while it is shown
+        self._fit_names()
+
+    def _fit_names(self) -> None:
+        """Give the name column the room the names need ("0 NVIDIA RTX A6000", not "0 NVIDIA RTX A6…") while the
+        memory bar keeps BAR_MIN_W cells even beside a stale age; every row gets the same width, so the bars line
+        up."""
+        if not self._rows:
+            return
+        longest = max(len(row.name_text) for row in self._rows.values()) + 1  # and a space before the bar
+        room = self.content_size.width - FIGURES_W - AGE_W - BAR_MIN_W if self.content_size.width else longest
+        width = max(NAME_MIN_W, min(longest, room))
+        for row in self._rows.values():
+            row.set_name_width(width)
+
+    def on_resize(self) -> None:
+        """The names may get more (or less) room."""
+        self._fit_names()
 
     def _set_error(self, error: TelemetryError | None) -> None:
         if error == self._error:

@@ -4,7 +4,8 @@ New data only marks the chart dirty; a timer (or the owner's tick, through flush
 `min_interval_s` and only when something changed and the chart is on screen. Points are averaged into one
 bucket per plot column.
 
-The chart draws its braille plot, frame, ticks, legend and marker labels itself on a BrailleCanvas and keeps
+The chart draws its braille plot, frame, ticks, legend (on the frame's top line, over no data) and marker labels
+itself on a BrailleCanvas and keeps
 the strips until the next replot, resize or theme change (why not plotext: docs/decisions.md#chart-canvas).
 A new border subtitle (the app's latest figures, once a second) only
 redraws the border.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from rich.color import Color as RichColor
@@ -30,6 +31,16 @@ SOURCE_COLOURS = {"log": "primary", "metrics": "success", "probe": "accent"}
 """Theme variable per throughput source; unknown sources use "secondary"."""
 ACCEPT_COLOUR = "warning"
 MARKER_COLOUR = "error"
+LineMask = Callable[[int], bool] | None
+MONOCHROME_LINES: dict[str, tuple[str, LineMask]] = {
+    "log": ("━", None),
+    "metrics": ("╍", lambda x: x // 4 % 2 == 0),  # dashes of two cells
+    "probe": ("┈", lambda x: x % 4 == 0),  # a dot every other cell
+    "accept": ("╌", lambda x: x // 2 % 3 == 0),  # a cell on, two off
+}
+"""Under NO_COLOR (Textual draws in greys) the series differ by line, not colour: the legend's mark and the dots a
+line keeps; an unknown source is solid. With colours every line is solid and the legend's mark is "⣿"."""
+COLOUR_MARK = "⣿"
 
 
 def downsample(
@@ -74,8 +85,7 @@ def _ticks(top: float, count: int = 5) -> tuple[list[float], list[str]]:
 MARKER_LABEL_CHARS = 28
 """Relaunch labels longer than this are cut with an ellipsis."""
 LABEL_ROWS = (0.8, 0.68, 0.56)
-"""Heights (fractions of the y axis) that successive markers' labels cycle through, so neighbours do not overlap;
-below the legend (top left, a row per series), which a label at the top covered."""
+"""Heights (fractions of the y axis) that successive markers' labels cycle through, so neighbours do not overlap."""
 
 
 def marker_label_places(
@@ -102,6 +112,52 @@ def marker_label_places(
 def short_label(label: str, limit: int = MARKER_LABEL_CHARS) -> str:
     """The label, cut with an ellipsis past `limit` characters."""
     return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+LEGEND_SHORT = {" tok/s": "", "accept len (right)": "accept →"}
+"""How legend labels shorten when the full ones do not fit on the frame's top line."""
+
+
+def legend_text(legend: Sequence[tuple[str, Style, str]], room: int) -> list[tuple[str, Style | None]]:
+    """The legend, (label, style, mark) per series, as (text, style) runs that fit in `room` cells: "⣿ log tok/s ─
+    ⣿ probe tok/s", else the short labels ("⣿ log ─ ⣿ accept →"), else as many short entries as fit."""
+    def runs(labels: list[tuple[str, Style, str]]) -> list[tuple[str, Style | None]]:
+        out: list[tuple[str, Style | None]] = []
+        for index, (label, style, mark) in enumerate(labels):
+            if index:
+                out.append((" ─ ", None))
+            out += [(mark, style), (f" {label}", None)]
+        return out
+
+    def short(label: str) -> str:
+        for long, replacement in LEGEND_SHORT.items():
+            label = label.replace(long, replacement)
+        return label
+
+    full = runs(list(legend))
+    if sum(len(text) for text, _ in full) <= room:
+        return full
+    shortened = [(short(label), style, mark) for label, style, mark in legend]
+    for count in range(len(shortened), 0, -1):
+        fitted = runs(shortened[:count])
+        if sum(len(text) for text, _ in fitted) <= room:
+            return fitted
+    return []
+
+
+def draw_legend(canvas: BrailleCanvas, legend: Sequence[tuple[str, Style, str]], x0: int, x1: int) -> None:
+    """The legend on the frame's top line, between its corners ("┌─ ⣿ log tok/s ─ ⣿ accept len (right) ─┐"):
+    outside the plot, so it covers no data (inside the top left it hid the first minute of a fresh chart)."""
+    col = x0 + 2
+    runs = legend_text(legend, x1 - col - 2)
+    if not runs:
+        return
+    canvas.text(col, 0, " ")
+    col += 1
+    for text, style in runs:
+        canvas.text(col, 0, text, style)
+        col += len(text)
+    canvas.text(col, 0, " ")
 
 
 class ThroughputChart(Widget):
@@ -268,7 +324,7 @@ class ThroughputChart(Widget):
     def draw(self, width: int, height: int) -> BrailleCanvas:
         """The figure on a canvas of `width` x `height` cells: a frame with y ticks (tokens/s left, acceptance
         length right), a braille line per source, relaunch markers with their labels, x ticks in seconds
-        before now, the axis label and a legend at the top left. Before the first replot: the empty frame."""
+        before now, the axis label and a legend on the frame's top line. Before the first replot: the empty frame."""
         canvas = BrailleCanvas(width, height)
         drawn = self.replot_count > 0 and self._y_top > 0 and bool(self._points or self._markers)
         has_xlabel = height >= 6
@@ -337,35 +393,38 @@ class ThroughputChart(Widget):
             y = 4 + round((1 - min(max(value / top, 0.0), 1.0)) * (plot_rows - 1) * 4 + 1.5)
             return x, y
 
-        def plot(series: list[tuple[float, float]], top: float, style: Style) -> None:
+        def plot(series: list[tuple[float, float]], top: float, style: Style, mask: LineMask) -> None:
             previous: tuple[int, int] | None = None
             for at, value in downsample(series, start, end, plot_w):  # a point per column, lines between
                 point = pixel(at, value, top)
                 if previous is None:
                     canvas.dot(*point, style)
                 else:
-                    canvas.line(*previous, *point, style)
+                    canvas.line(*previous, *point, style, mask)
                 previous = point
 
-        legend: list[tuple[str, Style]] = []
+        monochrome = self.app.no_color
+
+        def line_of(name: str) -> tuple[str, LineMask]:
+            return MONOCHROME_LINES.get(name, ("━", None)) if monochrome else (COLOUR_MARK, None)
+
+        legend: list[tuple[str, Style, str]] = []
         for source, series in sorted(by_source.items()):
             style = self._colour(SOURCE_COLOURS.get(source, "secondary"))
-            plot(series, self._y_top, style)
-            legend.append((f"{source} tok/s", style))
+            mark, mask = line_of(source)
+            plot(series, self._y_top, style, mask)
+            legend.append((f"{source} tok/s", style, mark))
         if right_ticks[0]:
             style = self._colour(ACCEPT_COLOUR)
-            plot(accept, self._accept_top, style)
-            legend.append(("accept len (right)", style))
+            mark, mask = line_of("accept")
+            plot(accept, self._accept_top, style, mask)
+            legend.append(("accept len (right)", style, mark))
 
         marker_style = self._colour(MARKER_COLOUR)
         visible = [m for m in self._markers if start <= m.at <= end]
         column_s = self.window_s / plot_w
-        # The legend: a row per series when there is room for it and a marker label below, else one row.
-        legend_rows = len(legend) if plot_rows >= len(legend) + 2 else min(1, len(legend))
-        free_rows = max(1, bottom - 1 - legend_rows)
-        for index, (marker, (x, height_frac, align)) in enumerate(
-            zip(visible, marker_label_places(visible, start, end, column_s), strict=True)
-        ):
+        for marker, (x, height_frac, align) in zip(visible, marker_label_places(visible, start, end, column_s),
+                                                   strict=True):
             col = x0 + 1 + round((marker.at - start) / self.window_s * (plot_w - 1))
             canvas.frame(col, 0, "┬", marker_style)
             canvas.frame(col, bottom, "┴", marker_style)
@@ -376,24 +435,8 @@ class ThroughputChart(Widget):
             if align == "right":
                 label_col -= len(label) - 1
             label_col = min(max(label_col, x0 + 1), x1 - len(label))
-            row = tick_row(height_frac)
-            if row <= legend_rows:  # below the legend, neighbours on different rows
-                row = min(legend_rows + 1 + index % free_rows, bottom - 1)
-            canvas.text(label_col, row, label, marker_style)
-
-        if legend_rows == len(legend):
-            for row, (label, style) in enumerate(legend, start=1):
-                canvas.text(x0 + 1, row, "⣿ ", style)
-                canvas.text(x0 + 3, row, label)
-        else:
-            col = x0 + 1
-            for label, style in legend:
-                text = f"{label} "[: max(0, x1 - col - 2)]
-                canvas.text(col, 1, "⣿ ", style)
-                canvas.text(col + 2, 1, text)
-                col += 2 + len(text)
-                if col >= x1 - 2:
-                    break
+            canvas.text(label_col, tick_row(height_frac), label, marker_style)
+        draw_legend(canvas, legend, x0, x1)
         return canvas
 
     def on_resize(self) -> None:

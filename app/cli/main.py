@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.cli import measure, remote, server
+from app.cli import fleet, measure, remote, serve, server
 from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -57,7 +57,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     profile = load_profile(args)
     app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False),
-                     take_over=getattr(args, "take_over", False))
+                     take_over=getattr(args, "take_over", False), watching=getattr(args, "watch", False))
     app.run()
     return EXIT_OK
 
@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readonly", action="store_true", help="watch only: no key signals or launches")
     p.add_argument("--probe", action="store_true", help="start with the probe load on")
     with_take_over(p, "drive a server someone else drives (their dashboard turns read-only)")
+    p.add_argument("--watch", action="store_true",
+                   help="start read-only without taking the driver lock; T takes it over (each `serve` tab)")
     _with_overrides(p)
     p.set_defaults(func=cmd_ui)
 
@@ -101,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profiles)
 
     remote.register(sub)
+    serve.register(sub)
+    fleet.register(sub)
     return parser
 
 

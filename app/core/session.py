@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
+from app.core.advisor.acceptance_watch import AcceptanceWatch, ReadingSource
 from app.core.data import (
     DecodeStats,
     EventLevel,
@@ -75,14 +76,17 @@ class Session:
         probe: bool = False,
         autolaunch: bool = False,
         take_over: bool = False,
+        watching: bool = False,
     ) -> None:
         self.host = host
         self.take_over = take_over  # drive a server someone else drives (app.core.server.driver)
         self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
-        self.readonly = readonly  # no command may signal or launch: asked for, or another session drives
-        self.watch_only = readonly  # asked for (--readonly): never takes the driver lock
+        # no command may signal or launch: asked for, watching (a web tab), or another session drives
+        self.readonly = readonly or watching
+        self.watch_only = readonly  # asked for (--readonly): never takes the driver lock, not even by take_over_now
+        self.watching = watching and not readonly  # starts read-only; drives only after take_over_now (a web tab)
         self.driver = DriverLock(host, profile, "dashboard")
         self.driven_by: str | None = None  # who drives, when another session does ("alice@gpubox")
         self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
@@ -99,7 +103,7 @@ class Session:
         self.server_version: str | None = None
         self.probe_wanted = probe
         self.probe_status: ProbeStatus | None = None  # the probe's last state (running, failing, stopped)
-        self.autolaunch = autolaunch and not readonly
+        self.autolaunch = autolaunch and not self.readonly
         self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
         self._listeners = Listeners()
@@ -114,6 +118,8 @@ class Session:
         self._metrics_task: asyncio.Task[None] | None = None
         self._tail_task: asyncio.Task[None] | None = None
         self.log_path: str | None = None  # the log the log view follows: the running launch's
+        self.acceptance = AcceptanceWatch()  # speculation not paying: its alarm is in the header and the event log
+        self._stopped = False
 
     # ---- wiring ----------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
@@ -148,13 +154,26 @@ class Session:
                 pass  # a re-attach replays the log: its old throughput lines are not live figures
             elif isinstance(payload, DecodeStats):
                 self.throughput.append(ThroughputPoint(time.time(), payload.gen_tps, "log", payload.accept_len))
-            elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None and self.throughput:
-                last = self.throughput[-1]
-                self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
+                if payload.accept_len is not None:
+                    self.observe_acceptance(time.time(), payload.accept_len, "log")
+            elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None:
+                if self.throughput:
+                    last = self.throughput[-1]
+                    self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
+                self.observe_acceptance(time.time(), payload.mean_accept_len, "log")
         self._listeners.emit(event)
         self.changed.set()
 
+    def observe_acceptance(self, at: float, accept_len: float, source: ReadingSource) -> None:
+        """One acceptance reading (a log line's, a /metrics window's): the event log hears when speculation stops
+        paying for a sustained window, once per episode, and when it recovers (app.core.advisor.acceptance_watch)."""
+        said = self.acceptance.add(at, accept_len, source)
+        if said is not None:
+            self.note(said.text(), "warning" if said.kind == "low" else "info")
+
     def _on_state(self, state: ServerState) -> None:
+        if state != ServerState.READY:
+            self.acceptance.reset()  # a kill or another launch: the next configuration's readings start afresh
         if state == ServerState.READY:
             self._spawn(self._read_version())
             if self.probe_wanted:
@@ -199,8 +218,9 @@ class Session:
     async def _settle_driver(self) -> None:
         """Take the driver lock (app.core.server.driver) unless watching only: read-only when another live
         session holds it (unless taking over); then keep it alive and notice a take-over within HEARTBEAT_S."""
-        if self.watch_only:
-            self._spawn(self._keep_driving())  # follows what the driver launches; never takes the lock
+        if self.watch_only or self.watching:
+            await self._read_driver()  # the header says who drives from the first frame
+            self._spawn(self._keep_driving())  # follows what the driver launches; takes no lock by itself
             return
         try:
             verdict = await self.driver.acquire(take_over=self.take_over)
@@ -237,12 +257,31 @@ class Session:
                 else:
                     if self._command_task is None or self._command_task.done():
                         await self.lifecycle.follow_record()  # the driver launched another server: show that one
-                    if await self._read_driver() is None and not self.watch_only:
+                    if await self._read_driver() is None and not (self.watch_only or self.watching):
                         verdict = await self.driver.acquire(take_over=False)
                         if not verdict.readonly:
                             self.readonly, self.driven_by = False, None
                             self.note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
                             self.changed.set()
+
+    @property
+    def can_take_over(self) -> bool:
+        """Whether take_over_now may make this read-only session drive (not one opened with --readonly)."""
+        return self.readonly and not self.watch_only
+
+    async def take_over_now(self) -> str:
+        """Take the driver lock now, from whoever holds it (their session turns read-only within HEARTBEAT_S);
+        returns the event log's line. Refused (ReadOnlyError) for a session opened with --readonly."""
+        if self.watch_only:
+            raise ReadOnlyError("read-only session (--readonly): take-over is disabled")
+        if not self.readonly:
+            return f"this session already drives {self.profile.name}"
+        verdict = await self.driver.acquire(take_over=True)
+        self.readonly = verdict.readonly
+        if not verdict.readonly:
+            self.driven_by = None
+        self.note(verdict.message, verdict.level)
+        return verdict.message
 
     async def _before_act(self, what: str) -> None:
         """Right before the lifecycle signals or launches: only while this session still drives."""
@@ -255,7 +294,10 @@ class Session:
             raise
 
     async def stop(self) -> None:
-        """Stop watching and sampling. The server keeps running."""
+        """Stop watching and sampling (once; a second call does nothing). The server keeps running."""
+        if self._stopped:
+            return
+        self._stopped = True
         for task in [self._telemetry_task, self._probe_task, self._metrics_task, self._command_task, *self._tasks]:
             if task is not None:
                 task.cancel()
@@ -366,6 +408,8 @@ class Session:
         def on_rate(rate: MetricsRate) -> None:
             self.last_metrics = rate
             self.throughput.append(rate.point())  # an idle window is a real 0 tok/s
+            if rate.accept_len is not None:
+                self.observe_acceptance(rate.at, rate.accept_len, "metrics")
             self.changed.set()
 
         self._metrics_task = asyncio.create_task(poll())
@@ -516,8 +560,7 @@ class Session:
         timeout = new_profile.ready_timeout_s if ready_timeout_s is None else ready_timeout_s
         state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=timeout)
         if state == ServerState.READY:
-            parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.lifecycle.phase_times.items())
-            self.note(f"relaunched with {change}: {parts}")
+            self.note(launch_summary(change, self.lifecycle.phase_times))
         elif state in STARTING_STATES:
             self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
                        f"`ready_timeout` in {new_profile.source} waits longer", "warning")
@@ -526,6 +569,16 @@ class Session:
     def _describe(self, old: Profile, new: Profile) -> str:
         changes = flag_diff(old.flags, new.flags)
         return ", ".join(describe_change(c, old.toggles) for c in changes) or "no change"
+
+
+def launch_summary(change: str, times: Mapping[str, float]) -> str:
+    """The event log's line after a relaunch reached READY, naming only the phases that happened: "relaunched with
+    steps 1 -> 3: kill 2.1s, release 0.4s, start 0.3s, ..." after a kill; "launched: start 0.3s, load 3.9s, ...,
+    ready 5.8s" when nothing ran (the free check that found the GPUs idle released nothing)."""
+    if "kill" in times:
+        return f"relaunched with {change}: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items())
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in times.items() if k != "release")
+    return f"launched{'' if change == 'no change' else f' with {change}'}: {parts}"
 
 
 def _lists_processes_before(snapshot: GpuSnapshot, floor: float) -> bool:

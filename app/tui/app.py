@@ -22,10 +22,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Header
 
 from app.core.data import ConnectionState, ServerState
-from app.core.hosts.base import ConnectionChanged, Host
+from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
@@ -40,6 +40,7 @@ from widgets import (
     FlagsPanel,
     GpuPanel,
     HelpScreen,
+    KeyFooter,
     LogViewScreen,
     ServerPanel,
     ServerView,
@@ -56,6 +57,10 @@ STALE_PERIOD_FLOOR_S = 0.5
 """The GPU panel marks a row stale after two sample periods, but never under two of these (1 s); why:
 docs/decisions.md#ui-push-rate."""
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
+THEME_FILE = Path(platformdirs.user_config_dir("tunedash")) / "theme.toml"
+"""The theme chosen in the palette (Textual's "Theme" command), kept for the next start: `theme = "nord"`."""
+FOOTER_RANK = ("bench", "mark_baseline", "ab", "log", "probe", "diff", "undo", "advise", "history", "confirm_free")
+"""The footer's keys after help, quit, relaunch, kill and the toggles, most needed first (see _rank_footer_keys)."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,18 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         Binding("d", "diff", "Diff", id="diff", tooltip="Pending command line against the running one"),
         Binding("l", "log", "Log", id="log", tooltip="Server log (follow, search)"),
         Binding("x", "export_events", "Export", id="export", show=False, tooltip="Save the event log to a file"),
+        Binding("T", "take_over", "Take over", id="take_over", show=False,
+                tooltip="Drive this server from this read-only dashboard (the one driving it turns read-only)"),
         Binding("question_mark", "help", "Help", id="help", tooltip="Keys"),
         Binding("q", "quit", "Quit", id="quit", tooltip="Quit (the server keeps running)"),
     ]
 
-    def __init__(self, session: Session, *, keymap_file: Path | None = KEYMAP_FILE) -> None:
+    def __init__(self, session: Session, *, keymap_file: Path | None = KEYMAP_FILE, fleet: bool = False,
+                 theme_file: Path | None = None) -> None:
         super().__init__()
+        self.theme_file = theme_file  # None: the default theme, and a theme chosen is not kept
+        self.fleet = fleet  # opened from `tunedash fleet`: Escape goes back to it (app/tui/fleet.py)
+        self.back_to_fleet = False  # set when Escape ended the app, so the fleet shows again
         self.session = session
         self.keymap_file = keymap_file
         self._pushed_snapshot: object = None  # what was last pushed to the widgets (see _refresh_view)
@@ -117,7 +128,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                 yield FlagsPanel(id="flags")
                 yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S, own_timer=False)
         yield EventLog(id="events")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         profile = self.session.profile
@@ -125,12 +136,49 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self.sub_title = "READ-ONLY" if self.session.readonly else profile.backend
         for toggle in profile.toggles:
             self.bind(toggle.key, f"press_toggle('{toggle.key}')", description=toggle.label)
+        self._rank_footer_keys()
         self._load_keymap()
+        self._load_theme()
+        if self.fleet:
+            self.bind("escape", "back_to_fleet", description="Fleet")
         if not self.session.samples_gpus:
             self.query_one(GpuPanel).show_placeholder(NO_GPUS)
         self.session.subscribe(self._on_session_event)
         self.run_worker(self.session.start(), name="session start", exit_on_error=False)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
+
+    def _rank_footer_keys(self) -> None:
+        """Which keys the footer keeps when not all fit (80 columns keeps the first few), and their order; the rest
+        are in help (?) and the palette. The toggles come first on screen, help and quit last."""
+        toggles = [f"press_toggle('{t.key}')" for t in self.session.profile.toggles]
+        footer = self.query_one(KeyFooter)
+        footer.importance = ["help", "quit", "relaunch", "kill", *toggles, *FOOTER_RANK]
+        footer.order = [*toggles, "relaunch", "kill", *FOOTER_RANK, "help", "quit"]
+
+    def _load_theme(self) -> None:
+        """The theme kept from the last start (THEME_FILE), then keep each one chosen in the palette."""
+        if self.theme_file is None:
+            return
+        try:
+            if self.theme_file.exists():
+                name = tomllib.loads(self.theme_file.read_text()).get("theme")
+                if not isinstance(name, str) or name not in self.available_themes:
+                    raise ValueError(f"unknown theme {name!r}; ctrl+p, Theme lists them (choosing one rewrites "
+                                     "this file)")
+                self.theme = name
+        except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
+            self.notify(f"{self.theme_file}: {exc}", title="theme ignored", severity="warning")
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+
+    def _save_theme(self, theme: object) -> None:
+        name = getattr(theme, "name", None)
+        if self.theme_file is None or not isinstance(name, str):
+            return
+        try:
+            self.theme_file.parent.mkdir(parents=True, exist_ok=True)
+            self.theme_file.write_text(f'theme = "{name}"  # written by tunedash when a theme is chosen\n')
+        except OSError as exc:
+            self.notify(f"{self.theme_file}: {exc}", title="theme not kept", severity="warning")
 
     def _load_keymap(self) -> None:
         """Remap keys from keys.toml: `[keys]` with binding id = key, e.g. relaunch = "R"."""
@@ -186,9 +234,11 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
             self._push_events()
             busy = f" · {session.busy}…" if session.busy else ""
             probe = probe_note(session.probe_wanted, session.probe_status)
-            base = (f"READ-ONLY{f' · {session.driven_by} drives' if session.driven_by else ''}" if session.readonly
+            base = (f"READ-ONLY{self._driver_note()}{self._take_over_hint()}" if session.readonly
                     else session.profile.backend)
-            self.sub_title = f"{base}{probe}{busy}{connection_note(session.connection, now_wall)}"
+            alarm = session.acceptance.alarm  # in words, never in colour only (NO_COLOR)
+            accept = f" · {alarm.header()}" if alarm is not None else ""
+            self.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
 
     # ---- core events ---------------------------------------------------------------------------
     def _on_session_event(self, event: LifecycleEvent) -> None:
@@ -271,11 +321,27 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         set."""
         asyncio.get_running_loop().call_soon(self.refresh_view)
 
+    def _driver_note(self) -> str:
+        """" · alice@gpubox drives" in a read-only header; " · nobody drives" for a dashboard opened with --watch
+        (a `serve` tab) while the lock is free."""
+        session = self.session
+        if session.driven_by:
+            return f" · {session.driven_by} drives"
+        return " · nobody drives" if session.watching else ""
+
+    def _take_over_hint(self) -> str:
+        """" · T takes over" while this read-only dashboard may take the driver lock (not with --readonly)."""
+        return f" · {self._keymap.get('take_over', 'T')} takes over" if self.session.can_take_over else ""
+
+    def _refuse(self, text: str) -> None:
+        """The toast of a key that needs the driver in a read-only dashboard, with the take-over key."""
+        self.notify(f"{text}{self._take_over_hint().replace(' · ', '; ', 1)}", severity="warning")
+
     def _command(self, name: str, factory: object) -> None:
         try:
             self.session.run_command(name, factory)  # type: ignore[arg-type]
         except ReadOnlyError as exc:
-            self.notify(str(exc), severity="warning")
+            self._refuse(str(exc))
         self._refresh_soon()
 
     def action_press_toggle(self, key: str) -> None:
@@ -306,7 +372,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
 
     def action_kill(self) -> None:
         if self.session.readonly:
-            self.notify("read-only session: kill is disabled", severity="warning")
+            self._refuse("read-only session: kill is disabled")
             return
         record = self.session.view().record
         detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
@@ -358,15 +424,62 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                                 partial(self.run_action, command.action))
 
     def action_help(self) -> None:
-        keys = [(c.key, f"{c.title}: {c.help}") for c in self.dashboard_commands()]
-        keys.append(("ctrl+p", "command palette: every command above, and any flag of the backend's catalog"))
-        self.push_screen(HelpScreen(keys))
+        """Every key as the footer writes it ("?", "^p"), the ones the footer had no room for marked."""
+        left_out = set(self.query_one(KeyFooter).left_out)
+        keys = []
+        for c in self.dashboard_commands():
+            text = c.help if c.help.lower().startswith(c.title.lower()) else f"{c.title}: {c.help}"
+            key = self.get_key_display(Binding(c.key, c.action))
+            keys.append((f"{key} ·" if c.action in left_out else key, text))
+        keys.append((self.get_key_display(Binding("ctrl+p", "command_palette")),
+                     "command palette: every command above, Textual's Theme (kept for the next start), any flag"))
+        self.push_screen(HelpScreen(keys, note="keys marked · have no room in the footer" if left_out else ""))
 
     def action_export_events(self) -> None:
         target = Path(platformdirs.user_state_dir("tunedash")) / f"events-{time.strftime('%Y%m%d-%H%M%S')}.log"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.query_one(EventLog).export_text())
         self.notify(f"event log saved to {target}")
+
+    def action_take_over(self) -> None:
+        """Drive the server from this read-only dashboard: asks first when another session drives it."""
+        session = self.session
+        if not session.can_take_over:
+            text = ("read-only session (--readonly): take-over is disabled" if session.watch_only
+                    else f"this dashboard already drives {session.profile.name}")
+            self.notify(text, severity="warning" if session.watch_only else "information")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._take_over(), name="take over", exit_on_error=False)
+
+        if session.driven_by is None:
+            answered(True)
+            return
+        self.push_screen(ConfirmModal(f"Take over {session.profile.name}?",
+                                      f"{session.driven_by} drives it now; their dashboard turns read-only.",
+                                      yes_label="Take over"), answered)
+
+    async def _take_over(self) -> None:
+        try:
+            text = await self.session.take_over_now()
+        except (HostError, OSError) as exc:
+            self.notify(f"take-over failed: {exc}", severity="error")
+            return
+        self.notify(text, severity="warning" if self.session.readonly else "information")
+        self.refresh_view()
+
+    async def on_unmount(self) -> None:
+        """However the app ends (q, or a browser tab closed under `tunedash serve`): give the driver lock back and
+        stop the Session's streams; the server keeps running."""
+        await self.session.stop()
+
+    def action_back_to_fleet(self) -> None:
+        """Escape in a dashboard opened from the fleet: end it (on_unmount stops the Session; the fleet's host
+        stays open) and let the fleet show again."""
+        self.back_to_fleet = True
+        self.exit()
 
     async def action_quit(self) -> None:
         await self.session.stop()
@@ -381,18 +494,22 @@ def create_app(
     probe: bool = False,
     autolaunch: bool = False,
     take_over: bool = False,
+    watching: bool = False,
     host: Host | None = None,
     session: Session | None = None,
     keymap_file: Path | None = KEYMAP_FILE,
+    fleet: bool = False,
+    theme_file: Path | None = THEME_FILE,
 ) -> TunedashApp:
-    """The one factory for the dashboard (CLI and tests)."""
+    """The one factory for the dashboard (CLI and tests); `fleet`: opened from the fleet (Escape goes back)."""
     if session is None:
         if host is None:
             from app.connect import host_for
 
             host = host_for(profile)
-        session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch, take_over=take_over)
-    app = TunedashApp(session, keymap_file=keymap_file)
+        session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch, take_over=take_over,
+                          watching=watching)
+    app = TunedashApp(session, keymap_file=keymap_file, fleet=fleet, theme_file=theme_file)
     from app.tui.trust import install_trust_prompt  # an unknown SSH host key: ask in a ConfirmModal
 
     install_trust_prompt(app, session.host)

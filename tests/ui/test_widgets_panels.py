@@ -329,7 +329,7 @@ async def test_event_log_keeps_entries_and_exports() -> None:
         assert len(log.entries) == 4
         shown = "\n".join(line.text for line in log.lines)
         assert "t1 SIGTERM to group 48921" in shown
-        assert "t4 piecewise CUDA graph disabled" in shown
+        assert "t4 ! piecewise CUDA graph disabled" in shown  # a warning says so without colour too
         exported = log.export_text()
         assert exported.splitlines()[0] == "T1  action   SIGTERM to group 48921"
         assert exported.count("\n") == 4
