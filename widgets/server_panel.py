@@ -90,9 +90,7 @@ def phases_line(view: ServerView) -> str:
     """ "last launch: weights 12.1s · kv_cache 3.0s · total 41.3s" or "" when none."""
     if not view.phase_times:
         return ""
-    killed = "kill" in view.phase_times  # without a kill, the free check before the launch released nothing
-    return "last launch: " + " · ".join(f"{name} {secs:.1f}s" for name, secs in view.phase_times.items()
-                                        if killed or name != "release")
+    return "last launch: " + " · ".join(f"{name} {secs:.1f}s" for name, secs in view.phase_times.items())
 
 
 NOTICE_CHARS = 60

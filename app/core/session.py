@@ -572,12 +572,12 @@ class Session:
 
 
 def launch_summary(change: str, times: Mapping[str, float]) -> str:
-    """The event log's line after a relaunch reached READY, naming only the phases that happened: "relaunched with
-    steps 1 -> 3: kill 2.1s, release 0.4s, start 0.3s, ..." after a kill; "launched: start 0.3s, load 3.9s, ...,
-    ready 5.8s" when nothing ran (the free check that found the GPUs idle released nothing)."""
+    """The event log's line after a relaunch reached READY, with the phases that happened (states.phase_durations):
+    "relaunched with steps 1 -> 3: kill 2.1s, release 0.4s, start 0.3s, ..." after a kill; "launched: start 0.3s,
+    load 3.9s, ..., ready 5.8s" when no server ran."""
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in times.items())
     if "kill" in times:
-        return f"relaunched with {change}: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items())
-    parts = ", ".join(f"{k} {v:.1f}s" for k, v in times.items() if k != "release")
+        return f"relaunched with {change}: {parts}"
     return f"launched{'' if change == 'no change' else f' with {change}'}: {parts}"
 
 

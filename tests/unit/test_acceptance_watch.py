@@ -137,7 +137,12 @@ def test_the_launch_summary_names_only_the_phases_that_happened() -> None:
     after_kill = {"kill": 2.1, "release": 0.4, "start": 0.3, "load": 3.9, "ready": 5.8}
     assert launch_summary("steps 1 -> 3", after_kill) == (
         "relaunched with steps 1 -> 3: kill 2.1s, release 0.4s, start 0.3s, load 3.9s, ready 5.8s")
-    from_stopped = {"release": 0.0, "start": 0.4, "load": 3.8, "capture": 1.3, "warmup": 0.4, "ready": 5.8}
+    from app.core.server.states import phase_durations
+
+    marks = {"RELEASING": 0.0, "FREE": 0.0, "LAUNCHING": 0.0, "LOADING": 0.4, "CAPTURING": 4.2, "WARMING": 5.5,
+             "READY": 5.9}
+    from_stopped = phase_durations(marks)  # a free check with nothing to release: no release phase
+    assert "release" not in from_stopped and phase_durations({**marks, "KILLING": -0.3})["release"] == 0.0
     assert launch_summary("no change", from_stopped) == (
-        "launched: start 0.4s, load 3.8s, capture 1.3s, warmup 0.4s, ready 5.8s")
+        "launched: start 0.4s, load 3.8s, capture 1.3s, warmup 0.4s, ready 5.9s")
     assert launch_summary("steps 1 -> 2", from_stopped).startswith("launched with steps 1 -> 2: start 0.4s")

@@ -77,6 +77,7 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
     """Seconds per phase (start, load, capture, warmup, ready; kill, release) from when each state began.
 
     `marks` holds a monotonic time per state value ("LOADING": ...). Without a capture, load runs to WARMING.
+    Without a kill there is no release either (only phases that happened are named: the event log, the panel).
     """
     times: dict[str, float] = {}
     for name, begin, end in PHASES:
@@ -84,4 +85,6 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
             times[name] = round(marks[end] - marks[begin], 3)
     if "load" not in times and "LOADING" in marks and "WARMING" in marks and "CAPTURING" not in marks:
         times["load"] = round(marks["WARMING"] - marks["LOADING"], 3)
+    if "kill" not in times:
+        times.pop("release", None)  # a launch from a stopped server: its free check released nothing
     return times
