@@ -86,3 +86,11 @@ async def serving(app: web.Application, **runner_options: Any) -> AsyncIterator[
         yield int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+async def pilot_until(pilot: Any, check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    """Let a Textual app under `run_test` run until `check()` holds; fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        await pilot.pause(0.05)

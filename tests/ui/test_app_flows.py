@@ -10,7 +10,6 @@ import html
 import os
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from app.core.server.events import LifecycleEvent, StateChanged
 from app.tui.app import TunedashApp, create_app
 from app.tui.value_prompt import ValuePrompt
 from tests.helpers import MakeProfile
+from tests.helpers import pilot_until as until
 from widgets import ConfirmModal, DiffScreen, FlagsPanel, HelpScreen, LogViewScreen
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
@@ -53,14 +53,6 @@ def screen_text(app: TunedashApp) -> str:
         "".join(cells.get(col, " ") for col in range(max(cells) + 1)).rstrip() if cells else ""
         for _, cells in sorted(rows.items())
     )
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    """Let the app run until `check()` holds (bounded: fails with `what` after `timeout` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        await pilot.pause(0.05)
 
 
 async def shows(pilot: Pilot[None], app: TunedashApp, *words: str, timeout: float = 5.0) -> str:

@@ -5,12 +5,9 @@ the history."""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
 from app.core.data import ServerState
@@ -20,6 +17,7 @@ from app.core.profiles.types import Profile
 from app.tui.app import create_app
 from app.tui.bench import HistoryScreen, RunScreen
 from tests.helpers import MakeProfile
+from tests.helpers import pilot_until as until
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
 pytestmark = pytest.mark.slow
@@ -30,13 +28,6 @@ def profile(make_profile: MakeProfile, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
     bench = "[bench]\nrequests = 3\nconcurrency = 3\ninput_len = 16\noutput_len = 24\nwarmup = 1\ntrials = 2\n"
     return load_profile(make_profile(startup_s=0.3, decode_log_interval=10, extra=bench))
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.05)
 
 
 def _log_text(screen: RunScreen) -> str:
