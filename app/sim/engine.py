@@ -16,6 +16,9 @@ from app.sim.resolved import Running
 from app.sim.simlog import log
 from app.sim.speed import SpeedModel
 
+MIN_SLEEP_S = 0.001
+"""The shortest step wait slept as a timer (asyncio's epoll wakes in whole milliseconds); shorter ones yield."""
+
 WORDS = (
     " the", " GPU", " memory", " is", " free", " and", " the", " server", " decodes", " tokens", " quickly",
     " while", " the", " draft", " model", " proposes", " several", " steps", " ahead", ".",
@@ -165,7 +168,10 @@ class Engine:
             if batch == 0:
                 continue
             t0 = loop.time()
-            await asyncio.sleep(max(0.0, self.speed.sample_step_ms(batch) / 1000 - (loop.time() - t0)))
+            wait = self.speed.sample_step_ms(batch) / 1000 - (loop.time() - t0)
+            # A wait under a millisecond only yields: the event loop's epoll sleeps whole milliseconds, so a
+            # near-zero step (bench/bench_loadgen.py's zero-cost speed file) took >= 1 ms and capped the sim.
+            await asyncio.sleep(wait if wait >= MIN_SLEEP_S else 0)
             for req in list(self.running):
                 n = min(self.speed.sample_accept(), req.max_tokens - req.generated)
                 req.generated += n
@@ -184,7 +190,7 @@ class Engine:
                     self.stats.generation_tokens_total += req.generated
             steps += 1
             now = loop.time()
-            if self.busy_file and (now - last_busy > 0.5 or batch != last_batch):
+            if self.busy_file and (now - last_busy > 0.5 or (batch != last_batch and now - last_busy > 0.1)):
                 last_busy, last_batch = now, batch  # the load behind power.draw (gpu_state.power_draw_w)
                 write_load(self.busy_file, batch, 1 + self.speed.draft_tokens)
             self.stats.running = len(self.running)
