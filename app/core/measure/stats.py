@@ -55,7 +55,6 @@ import statistics
 from dataclasses import dataclass
 
 CONFIDENCE = 0.95
-MAX_TRIALS_SUGGESTED = 1000
 
 
 # ---- Student's t ---------------------------------------------------------------------------------
@@ -216,45 +215,8 @@ def ratio_stats(a: list[float], b: list[float]) -> RatioStats:
     return RatioStats(ratio, (math.exp(log_r - half), math.exp(log_r + half)), df)
 
 
-def trials_to_resolve(a: list[float], b: list[float], effect: float) -> int | None:
-    """Trials per arm (total, not more) for a 95% interval of log(B/A) narrower than log(1 + effect)."""
-    sa, sb = arm_stats(a), arm_stats(b)
-    if sa.cv is None or sb.cv is None or effect <= 0:
-        return None
-    rel_var = sa.cv**2 + sb.cv**2
-    target = math.log1p(effect)
-    for n in range(2, MAX_TRIALS_SUGGESTED + 1):
-        if t_quantile(0.975, 2 * n - 2) * math.sqrt(rel_var / n) <= target:
-            return n
-    return None
-
-
 def _pct(x: float) -> str:
     return f"{abs(x - 1) * 100:.0f}%"
-
-
-def verdict(a: list[float], b: list[float], *, a_name: str = "A", b_name: str = "B", unit: str = "") -> str:
-    """A plain sentence: "B is 31% faster (27-35%)", or why nothing can be claimed."""
-    ra = ratio_stats(a, b)
-    if ra.ratio is None:
-        return f"no verdict: {a_name} or {b_name} has no successful trial"
-    if ra.ci95 is None:
-        return (f"{b_name}/{a_name} = {ra.ratio:.3f} from single trials: no interval; "
-                "run at least 2 trials per arm for a verdict")
-    low, high = ra.ci95
-    if ra.significant:
-        word = "faster" if ra.ratio > 1 else "slower"
-        lo_pct, hi_pct = sorted((abs(low - 1) * 100, abs(high - 1) * 100))
-        return f"{b_name} is {_pct(ra.ratio)} {word} than {a_name} (95% CI {lo_pct:.0f}-{hi_pct:.0f}%)"
-    effect = max(abs(ra.ratio - 1.0), 0.01)
-    needed = trials_to_resolve(a, b, effect)
-    n_now = min(len(a), len(b))
-    if needed is None:
-        more = f"more than {MAX_TRIALS_SUGGESTED} trials per arm would be needed to resolve {effect * 100:.0f}%"
-    else:
-        more = f"about {max(needed - n_now, 1)} more trials per arm would resolve {effect * 100:.0f}%"
-    return (f"no difference detectable with this noise ({b_name}/{a_name} = {ra.ratio:.3f}, "
-            f"95% CI {low:.3f}-{high:.3f}); {more}")
 
 
 # ---- launches as the unit ------------------------------------------------------------------------
