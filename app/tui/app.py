@@ -414,6 +414,8 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                     key = self._keymap.get(binding.id, binding.key)
                     yield DashboardCommand(key, binding.description, binding.tooltip or binding.description,
                                            binding.action)
+        if self.fleet:
+            yield DashboardCommand("escape", "Fleet", "back to the fleet (the server keeps running)", "back_to_fleet")
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         """Every dashboard command is also in the command palette (ctrl+p), after Textual's own."""

@@ -230,3 +230,15 @@ async def test_no_color_tells_the_chart_lines_apart_by_their_dashes(monkeypatch:
     assert log_row < metrics_row
     assert dots(grey, log_row) == dots(colour, log_row)  # the log's line stays solid
     assert 0 < dots(grey, metrics_row) < 0.7 * dots(colour, metrics_row)  # the metrics line is dashed
+
+
+async def test_escape_back_to_the_fleet_is_in_help_only_when_opened_from_it(profile: Profile) -> None:
+    for fleet in (False, True):
+        app = create_app(profile, keymap_file=None, theme_file=None, fleet=fleet)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("question_mark")
+            await until(pilot, lambda app=app: isinstance(app.screen, HelpScreen), what="help")
+            table = app.screen.query_one(DataTable)
+            rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+            fleet_rows = [row for row in rows if row[1] == "Fleet: back to the fleet (the server keeps running)"]
+            assert [row[0].removesuffix(" ·") for row in fleet_rows] == (["esc"] if fleet else []), rows
