@@ -88,9 +88,12 @@ async def serving(app: web.Application, **runner_options: Any) -> AsyncIterator[
         await runner.cleanup()
 
 
-async def pilot_until(pilot: Any, check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    """Let a Textual app under `run_test` run until `check()` holds; fail naming `what` after `timeout` s."""
+async def pilot_until(pilot: Any, check: Callable[[], bool], timeout: float = 60.0, what: str = "",
+                      detail: Callable[[], str] | None = None) -> None:
+    """Let a Textual app under `run_test` run until `check()` holds; fail naming `what` (and `detail()`, e.g. the
+    event log) after `timeout` s."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}" + (
+            f": {detail()}" if detail else "")
         await pilot.pause(0.05)

@@ -250,9 +250,12 @@ class Session:
                 if self.driver.held:
                     taken = await self.driver.heartbeat()
                     if taken is not None:
+                        # turned read-only and said so in one step (no await between): whoever sees the one sees
+                        # the other; who drives now follows when the host answers
                         self.readonly = True
-                        await self._read_driver()
                         self.note(f"{taken} took over; this dashboard is now read-only", "warning")
+                        self.changed.set()
+                        await self._read_driver()
                         self.changed.set()
                 else:
                     if self._command_task is None or self._command_task.done():

@@ -79,7 +79,8 @@ async def until_gone(found: Callable[[], list[int]], timeout: float = 10.0) -> N
 
 
 async def remote_ready(pilot: Pilot[None], app: TunedashApp) -> None:
-    await until(pilot, lambda: state_of(app) == ServerState.READY and app.session.busy is None, 60, "READY")
+    await until(pilot, lambda: state_of(app) == ServerState.READY and app.session.busy is None, 60, "READY",
+                lambda: f"state {state_of(app)}, busy {app.session.busy}; events: {' | '.join(event_texts(app))}")
 
 
 async def test_dashboard_over_ssh_launch_probe_relaunch_reattach_kill(remote: Profile) -> None:
