@@ -35,18 +35,12 @@ from typing import Any
 # bench/ is sys.path[0] when this runs as a script; bench_dashboard puts the repository on sys.path for `app`
 from bench_dashboard import flag_value, free_port, kill_launched, make_profile, measure_tmux, p95
 
+from tests.web_page import TERMINAL_HOOK  # bench_dashboard put the repository on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 
-# The page's xterm.js Terminal: textual.js assigns `this.terminal = new Terminal(...)`; this setter sees it.
-HOOK = """
-window.__terms = [];
-Object.defineProperty(Object.prototype, 'terminal', {
-  configurable: true,
-  set(value) {
-    Object.defineProperty(this, 'terminal', {value, writable: true, configurable: true, enumerable: true});
-    if (value && value.buffer) { window.__terms.push(value); }
-  },
-});
+# The page's terminal (tests/web_page.py), and the row that holds a text.
+HOOK = TERMINAL_HOOK + """
 window.__row = (needle) => {
   const term = window.__terms[0];
   if (!term) { return null; }
@@ -57,16 +51,6 @@ window.__row = (needle) => {
     if (text.includes(needle)) { return text; }
   }
   return null;
-};
-window.__screen = () => {
-  const term = window.__terms[0];
-  if (!term) { return ''; }
-  const lines = [];
-  for (let y = 0; y < term.rows; y++) {
-    const line = term.buffer.active.getLine(term.buffer.active.viewportY + y);
-    lines.push(line ? line.translateToString(true) : '');
-  }
-  return lines.join('\\n');
 };
 """
 # Arm one measurement: the next trusted `s` keydown is t0; the first render showing `expect` after it is t1.

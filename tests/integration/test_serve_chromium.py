@@ -29,6 +29,7 @@ import pytest
 
 from tests.helpers import MakeProfile, free_port
 from tests.integration.conftest import REPO
+from tests.web_page import SCREEN_JS, TERMINAL_HOOK
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -39,30 +40,7 @@ pytestmark = [
 ]
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [test] extra has it)")
 
-LEAD_COPY = Path("/work/tmp/s3/bench_out/serve.png")  # a copy for the lead's closing note, where that folder exists
 
-# Keeps every xterm.js Terminal the page makes: textual.js assigns `this.terminal = new Terminal(...)` in its
-# constructor, and this setter on Object.prototype sees that assignment (then steps aside for the property).
-TERMINAL_HOOK = """
-window.__terms = [];
-Object.defineProperty(Object.prototype, 'terminal', {
-  configurable: true,
-  set(value) {
-    Object.defineProperty(this, 'terminal', {value, writable: true, configurable: true, enumerable: true});
-    if (value && value.buffer) { window.__terms.push(value); }
-  },
-});
-"""
-SCREEN_JS = """
-const term = (window.__terms || [])[0];
-if (!term) { return null; }
-const buffer = term.buffer.active, lines = [];
-for (let y = 0; y < term.rows; y++) {
-  const line = buffer.getLine(buffer.viewportY + y);
-  lines.push(line ? line.translateToString(true) : '');
-}
-return lines.join('\\n');
-"""
 
 
 def tunedash_env(tmp_path: Path) -> dict[str, str]:
@@ -266,8 +244,6 @@ def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium
     assert "read-only session" in screen
     shot = tmp_path / "serve.png"
     assert chromium.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-    if LEAD_COPY.parent.is_dir():
-        shutil.copyfile(shot, LEAD_COPY)
     record_before = status_of(serving)
     assert record_before["state"] == "READY", record_before
 
