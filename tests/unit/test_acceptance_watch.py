@@ -146,3 +146,14 @@ def test_the_launch_summary_names_only_the_phases_that_happened() -> None:
     assert launch_summary("no change", from_stopped) == (
         "launched: start 0.4s, load 3.8s, capture 1.3s, warmup 0.4s, ready 5.9s")
     assert launch_summary("steps 1 -> 2", from_stopped).startswith("launched with steps 1 -> 2: start 0.4s")
+
+
+def test_a_long_episode_keeps_bounded_readings_and_counts_them_all() -> None:
+    from app.core.advisor.acceptance_watch import EPISODE_READINGS, AcceptanceWatch
+
+    watch = AcceptanceWatch()
+    for i in range(EPISODE_READINGS + 500):
+        watch.add(float(i), 1.05, "log")
+    assert watch.alarm is not None and watch.alarm.kind == "low"
+    assert len(watch._low) == EPISODE_READINGS
+    assert watch.alarm.count == EPISODE_READINGS + 500 and watch.alarm.span_s == EPISODE_READINGS + 499

@@ -23,6 +23,8 @@ from app.core.advisor.rules import LOW_ACCEPT_LEN
 ReadingSource = Literal["log", "metrics"]
 WINDOW_S = 30.0
 """How long the acceptance must stay low before the alarm (and the span of the window the median is taken over)."""
+EPISODE_READINGS = 1000
+"""An episode's median is over its last this many readings (an episode can last hours: bounded memory and work)."""
 MIN_READINGS = 3
 """A window's median counts only with at least this many readings in it."""
 
@@ -73,7 +75,10 @@ class AcceptanceWatch:
         self.min_readings = min_readings
         self._readings: deque[AcceptanceReading] = deque()
         self._low_since: float | None = None  # when the window's median first went (and stayed) low
-        self._low: list[AcceptanceReading] = []  # the readings since then (the episode's figures)
+        # the episode's last EPISODE_READINGS readings (its median), its first reading's time and its count
+        self._low: deque[AcceptanceReading] = deque(maxlen=EPISODE_READINGS)
+        self._low_first_at = 0.0
+        self._low_count = 0
         self.alarm: AcceptanceAlarm | None = None
         """The episode in progress (kind "low"), or None."""
 
@@ -81,7 +86,7 @@ class AcceptanceWatch:
         """Forget every reading and the episode (a relaunch: another configuration)."""
         self._readings.clear()
         self._low_since = None
-        self._low = []
+        self._low.clear()
         self.alarm = None
 
     def add(self, at: float, accept_len: float, source: ReadingSource = "log") -> AcceptanceAlarm | None:
@@ -98,19 +103,23 @@ class AcceptanceWatch:
         median = statistics.median(r.accept_len for r in window)
         if median <= self.threshold:
             if self._low_since is None:
-                self._low_since, self._low = at, list(window)
+                self._low_since, self._low_first_at, self._low_count = at, window[0].at, len(window)
+                self._low.clear()
+                self._low.extend(window)
             else:
                 self._low.append(reading)
-            span = at - self._low[0].at
+                self._low_count += 1
+            span = at - self._low_first_at
             if self.alarm is None and at - self._low_since >= self.window_s:
                 low_median = statistics.median(r.accept_len for r in self._low)
-                self.alarm = AcceptanceAlarm("low", low_median, span, len(self._low), reading.source)
+                self.alarm = AcceptanceAlarm("low", low_median, span, self._low_count, reading.source)
                 return self.alarm
             if self.alarm is not None:  # the header follows the episode's figures
                 self.alarm = AcceptanceAlarm("low", statistics.median(r.accept_len for r in self._low), span,
-                                             len(self._low), reading.source)
+                                             self._low_count, reading.source)
             return None
-        self._low_since, self._low = None, []
+        self._low_since = None
+        self._low.clear()
         if self.alarm is not None:
             self.alarm = None
             return AcceptanceAlarm("recovered", median, at - window[0].at, len(window), reading.source)

@@ -112,10 +112,11 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
             text = await host.read_text(record.log_path)
     if text is None:
         problems.append(f"log: {record.log_path or 'no log path'} not readable")
-    # a whole log can be large: parsed in a thread, never on the dashboard's event loop
-    parsed = await asyncio.to_thread(parse_lines, text.splitlines(), record.backend) if text is not None else None
-    engine, engine_line = ({}, None) if text is None or record.backend != "vllm" else await asyncio.to_thread(
-        vllm_engine_config, text.splitlines())
+    # a whole log can be large: split and parsed in a thread, never on the dashboard's event loop
+    lines = await asyncio.to_thread(str.splitlines, text) if text is not None else None
+    parsed = await asyncio.to_thread(parse_lines, lines, record.backend) if lines is not None else None
+    engine, engine_line = ({}, None) if lines is None or record.backend != "vllm" else await asyncio.to_thread(
+        vllm_engine_config, lines)
     events = parsed.events if parsed is not None else ()
     gpus: tuple[GpuSample, ...] = ()
     telemetry = telemetry_for(host, "smi", tuple(record.gpus))

@@ -22,10 +22,6 @@ delta method's first-order approximation is accurate.
 The t quantile is computed here (regularised incomplete beta by continued fraction, then safeguarded Newton), so
 the runtime needs no scipy; tests check it against printed table values.
 
-"More trials would resolve X%": with the arms' relative variances (cv²) the number of trials per arm n
-such that t(0.975, 2n-2) · sqrt((cv_A² + cv_B²) / n) <= log(1 + X); X is the observed difference, or
-1% when the observed difference is smaller than that.
-
 Launches as the unit (what an A/B's verdict comes from; docs/decisions.md#ab-launches-as-the-unit): an arm
 runs L launches of T trials each. One observation per launch: y = log(mean of the launch's trials). Two
 launches of one config differ by more than two trials of one launch do (CUDA graphs, memory layout, clocks),

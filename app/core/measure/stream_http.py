@@ -341,7 +341,8 @@ def _chunk_size(line: bytes) -> int:
 
 
 class StreamPool:
-    """Kept connections to one server, at most `size` open; `stream` sends one prepared request on a free one.
+    """Kept connections to one server, at most `size` requests in flight; `stream` sends one prepared request on a
+    free connection (one still draining its last body's end, DRAIN_S at most, may be open beside them).
 
     A kept connection the server closed before any byte of the answer is retried once on a new one (the server
     read nothing of it: keep-alive timeouts close idle connections); any other failure is the request's.
@@ -355,7 +356,6 @@ class StreamPool:
         self._idle: list[StreamConnection] = []
         self._closed = False
         self._draining: set[StreamConnection] = set()  # handed back before their body's end (StreamConnection)
-        self._open = 0
         self._slots = asyncio.Semaphore(self.size)
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.origin.tls else None
 

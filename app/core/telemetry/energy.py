@@ -393,7 +393,6 @@ class LocalEnergyMeter:
         self.host = host
         self.gpus = tuple(gpus)
         self._inner: NvmlEnergyMeter | SmiEnergyMeter | None = None
-        self.fallback_reason = ""
 
     @property
     def method(self) -> str:
@@ -402,8 +401,7 @@ class LocalEnergyMeter:
     async def start(self) -> None:
         nvml = NvmlEnergyMeter(self.gpus)
         why = await nvml.usable()
-        if why:
-            self.fallback_reason = why
+        if why:  # the reading names the method used: the power.draw integral
             await nvml.close()
             self._inner = SmiEnergyMeter(self.host, self.gpus)
         else:
