@@ -31,7 +31,7 @@ from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.driver import DriverClaim, DriverLock
-from app.core.server.states import LIVE_STATES, state_after, state_from_log
+from app.core.server.states import LIVE_STATES, state_after
 from app.core.telemetry.smi import SmiTelemetry
 
 LOOK_PERIOD_S = 2.0
@@ -42,6 +42,8 @@ METRICS_PERIOD_S = 5.0
 """How often a READY server's /metrics is scraped (the dashboard scrapes every 2 s; a fleet glance needs less, and
 each scrape is a new HTTP connection: docs/architecture.md#the-fleet has the cost)."""
 HOST_TIMEOUT_S = 5.0
+VERSION_RETRY_S = 60.0
+"""How soon flag discovery is asked again after it found no version (a server not installed yet, a host away)."""
 """The most one host's look may take; past it the host shows "no answer" and the look is retried."""
 RETRY_MAX_S = 30.0
 """An unreachable host is retried after 2 s, doubling to this."""
@@ -70,11 +72,10 @@ class FleetRow:
     state: ServerState | None  # None: not known yet (the host has not answered)
     since: float | None  # time.time() the state began; None when unknown (first seen already stopped)
     tokens_per_s: float | None
-    tokens_from: str  # "metrics", "log" or "" (no figure)
     accept_len: float | None
     gpus: tuple[GpuMemory, ...]
     gpu_error: str  # why the GPUs could not be read ("" when they were)
-    driver: str | None  # "alice@box (dashboard, pid 42, since 07:40:12)"; None: nobody drives
+    driver: str | None  # "alice@box (dashboard)": who drives and with what; None: nobody
     connection: str  # "local", "connecting", ConnectionState values, or "unreachable"
     error: str  # why the host or the profile could not be read ("" when fine)
 
@@ -100,7 +101,8 @@ class _Watch:
     driver_at: float = 0.0
     lock: DriverLock | None = None
     version: str | None = None
-    asked_version: bool = False
+    version_task: asyncio.Task[None] | None = None  # flag discovery, outside the timed look (it can take minutes)
+    version_at: float = -VERSION_RETRY_S  # when discovery was last started
     error: str = ""
     follow_path: str | None = None
     follow_task: asyncio.Task[None] | None = None
@@ -184,7 +186,7 @@ class FleetPoller:
         tasks: list[asyncio.Task[None]] = []
         for entry in self.hosts:
             tasks.extend(entry.tasks)
-            tasks.extend(w.follow_task for w in entry.watches if w.follow_task is not None)
+            tasks.extend(t for w in entry.watches for t in (w.follow_task, w.version_task) if t is not None)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -252,47 +254,57 @@ class FleetPoller:
             watch.lock = watch.lock or DriverLock(host, profile, "dashboard")
             watch.driver = await watch.lock.holder()
             watch.driver_at = now
-        if not watch.asked_version:
-            watch.asked_version = True
-            found = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile))
-            watch.version = found.version
+        if watch.version is None and (watch.version_task is None or watch.version_task.done()) and (
+                now - watch.version_at >= VERSION_RETRY_S):
+            watch.version_at = now
+            watch.version_task = asyncio.create_task(self._discover(host, watch), name=f"fleet version {profile.name}")
         if state == ServerState.READY and now - watch.metrics_at >= self.metrics_period_s:
             watch.metrics_at = now
             await self._scrape(host, watch)
         elif state != ServerState.READY:
             watch.metrics, watch.rate = None, None
 
+    async def _discover(self, host: Host, watch: _Watch) -> None:
+        """The installed server's version (app.core.flags.discovery; cached on the host after the first answer)."""
+        profile = watch.profile
+        with contextlib.suppress(HostError, OSError):
+            found = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile))
+            watch.version = found.version
+
     async def _attach_log(self, host: Host, watch: _Watch, path: str) -> None:
-        """Replay the job's log once (its state now), then follow what is appended."""
+        """Follow the job's log from its first line (its state as it is now, then as it moves): the lines already
+        there when this looked are a replay, whose throughput figures are not live (as ServerLifecycle does)."""
         if watch.follow_task is not None:
             watch.follow_task.cancel()
         watch.follow_path = path
-        parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
-        events = []
-        for line in (await host.read_text(path) or "").splitlines():
-            events.extend(parser.feed(line))
-        watch.log_state = state_from_log(events)
+        replay = (await host.read_text(path) or "").count("\n")
+        watch.log_state = ServerState.LAUNCHING
         watch.decode, watch.spec_accept = None, None
-        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, parser),
+        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, replay),
                                                 name=f"fleet log {watch.profile.name}")
 
-    async def _follow(self, host: Host, watch: _Watch, path: str, parser: LogParser) -> None:
+    async def _follow(self, host: Host, watch: _Watch, path: str, replay: int) -> None:
+        parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
         with contextlib.suppress(HostError, OSError):
-            async with contextlib.aclosing(host.follow(path, from_start=False)) as lines:
+            async with contextlib.aclosing(host.follow(path)) as lines:
                 async for line in lines:
+                    replayed = replay > 0
+                    replay -= 1
                     for event in parser.feed(line):
-                        self._on_log_event(watch, event)
+                        self._on_log_event(watch, event, replayed)
 
-    def _on_log_event(self, watch: _Watch, event: object) -> None:
+    def _on_log_event(self, watch: _Watch, event: object, replayed: bool = False) -> None:
         now = time.time()
-        if isinstance(event, DecodeStats):
+        if replayed:
+            pass  # an old line: its state counts, its figures are not live
+        elif isinstance(event, DecodeStats):
             watch.decode, watch.decode_at = event, now
         elif isinstance(event, SpecDecodeStats):
             watch.spec_accept = event.mean_accept_len
         moved = state_after(watch.log_state, event)  # type: ignore[arg-type]
         if moved is not None:
             watch.log_state = moved
-            if watch.alive and watch.state != moved:
+            if watch.alive and watch.state != moved and not replayed:  # a replay's state is settled at the look
                 watch.state, watch.since = moved, now
 
     async def _scrape(self, host: Host, watch: _Watch) -> None:
@@ -324,29 +336,27 @@ class FleetPoller:
     def _row(self, entry: _HostWatch, watch: _Watch, now: float) -> FleetRow:
         profile = watch.profile
         state = watch.state if watch.looked else None
-        tokens, source, accept = self._figures(watch, state, now)
+        tokens, accept = self._figures(watch, state, now)
         return FleetRow(
             key=str(profile.source), profile=profile.name, host=entry.host.name, backend=profile.backend,
             version=watch.version, state=state, since=watch.since if state is not None else None,
-            tokens_per_s=tokens, tokens_from=source, accept_len=accept,
+            tokens_per_s=tokens, accept_len=accept,
             gpus=self._gpus(entry.snapshot, profile), gpu_error=_gpu_error(entry.snapshot),
-            driver=watch.driver.describe() if watch.driver else None,
+            driver=f"{watch.driver.who} ({watch.driver.kind})" if watch.driver else None,
             connection=_connection(entry), error=entry.error or watch.error,
         )
 
     @staticmethod
-    def _figures(watch: _Watch, state: ServerState | None, now: float) -> tuple[float | None, str, float | None]:
+    def _figures(watch: _Watch, state: ServerState | None, now: float) -> tuple[float | None, float | None]:
         """Tokens/s (metrics first, then a fresh log decode line) and acceptance length, READY only."""
         if state != ServerState.READY:
-            return None, "", None
+            return None, None
         decode = watch.decode if watch.decode and now - watch.decode_at <= DECODE_FRESH_S else None
         accept = (watch.rate.accept_len if watch.rate and watch.rate.accept_len is not None
                   else decode.accept_len if decode and decode.accept_len is not None else watch.spec_accept)
         if watch.rate is not None:
-            return watch.rate.tokens_per_s, "metrics", accept
-        if decode is not None:
-            return decode.gen_tps, "log", accept
-        return None, "", accept
+            return watch.rate.tokens_per_s, accept
+        return (decode.gen_tps if decode is not None else None), accept
 
     @staticmethod
     def _gpus(snapshot: GpuSnapshot | None, profile: Profile) -> tuple[GpuMemory, ...]:

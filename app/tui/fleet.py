@@ -35,15 +35,6 @@ def short_host(name: str) -> str:
     return name.removeprefix("ssh://").rsplit("@", 1)[-1]
 
 
-def short_driver(described: str | None) -> str | None:
-    """ "alice@gpubox (dashboard)" from a claim's description ("alice@gpubox (dashboard, pid 4242, since ...)")."""
-    if described is None:
-        return None
-    who, _, rest = described.partition(" (")
-    kind = rest.split(",", 1)[0].rstrip(")")
-    return f"{who} ({kind})" if kind else who
-
-
 def fleet_row_view(row: FleetRow) -> FleetRowView:
     """The table's data for one of the poller's rows."""
     fractions = tuple(
@@ -54,7 +45,7 @@ def fleet_row_view(row: FleetRow) -> FleetRowView:
         backend=f"{row.backend} {row.version}" if row.version else row.backend,
         state=row.state, since=int(row.since) if row.since is not None else None,
         tokens_per_s=row.tokens_per_s, accept_len=row.accept_len, gpu_fractions=fractions,
-        connection=row.connection, driver=short_driver(row.driver),
+        connection=row.connection, driver=row.driver,
     )
 
 

@@ -13,7 +13,7 @@ from app.core.hosts.base import Host
 from app.core.measure.metrics import MetricsRate
 from app.core.profiles.loading import load_profile
 from app.core.server.jobs import JobRecord
-from app.tui.fleet import fleet_row_view, problems_text, short_driver, short_host
+from app.tui.fleet import fleet_row_view, problems_text, short_host
 from widgets.fleet_table import FleetRowView, coarse_duration, memory_bars, row_cells, state_cell
 
 
@@ -49,15 +49,15 @@ def test_figures_prefer_metrics_then_a_fresh_log_line(tmp_path: Path) -> None:
     profile = load_profile(profile_file(tmp_path, "p", "local"))
     watch = _Watch(profile)
     now = time.time()
-    assert FleetPoller._figures(watch, ServerState.READY, now) == (None, "", None)  # nothing read: no figure, not 0
+    assert FleetPoller._figures(watch, ServerState.READY, now) == (None, None)  # nothing read: no figure, not 0
     watch.decode = DecodeStats(95.0, LogLine(1, "Decode batch"), accept_len=1.7)
     watch.decode_at = now - 5
-    assert FleetPoller._figures(watch, ServerState.READY, now) == (95.0, "log", 1.7)
+    assert FleetPoller._figures(watch, ServerState.READY, now) == (95.0, 1.7)
     watch.decode_at = now - 300  # stale: the server may be idle now
     assert FleetPoller._figures(watch, ServerState.READY, now)[0] is None
     watch.rate = MetricsRate(now, 2.0, 0.0, 0.0)
-    assert FleetPoller._figures(watch, ServerState.READY, now) == (0.0, "metrics", None)  # idle is a real 0
-    assert FleetPoller._figures(watch, ServerState.STOPPED, now) == (None, "", None)
+    assert FleetPoller._figures(watch, ServerState.READY, now) == (0.0, None)  # metrics first; idle is a real 0
+    assert FleetPoller._figures(watch, ServerState.STOPPED, now) == (None, None)
 
 
 def test_gpus_are_the_profiles_own_from_the_hosts_snapshot(tmp_path: Path) -> None:
@@ -83,14 +83,14 @@ def test_memory_bars_and_state_cells() -> None:
 
 def test_row_view_and_problems() -> None:
     row = FleetRow(key="/p.toml", profile="p", host="ssh://alice@gpu1:2222", backend="sglang", version="0.5.10",
-                   state=ServerState.READY, since=10.7, tokens_per_s=None, tokens_from="", accept_len=None,
+                   state=ServerState.READY, since=10.7, tokens_per_s=None, accept_len=None,
                    gpus=(GpuMemory(0, 500, 1000), GpuMemory(1, None, None)), gpu_error="",
-                   driver="alice@box (dashboard, pid 42, since 07:40:12)", connection="connected",
+                   driver="alice@box (dashboard)", connection="connected",
                    error="ssh://alice@gpu1:2222: cannot connect (refused)")
     view = fleet_row_view(row)
     assert (view.host, view.backend, view.since, view.gpu_fractions) == ("gpu1:2222", "sglang 0.5.10", 10, (0.5, None))
     assert view.driver == "alice@box (dashboard)"
-    assert short_host("sim") == "sim" and short_driver(None) is None
+    assert short_host("sim") == "sim"
     other = replace(row, profile="q", error="", gpu_error="sh: 1: nvidia-smi: not found")
     text = problems_text([row, replace(row, profile="p2"), other, replace(other, profile="q2")], ["bad: unknown key"])
     assert text.splitlines() == ["p: ssh://alice@gpu1:2222: cannot connect (refused)",  # once per host
