@@ -294,7 +294,7 @@ def test_readonly_serve_tab_cannot_take_over(make_profile: MakeProfile, tmp_path
         assert process.stdout is not None
         url = next(line.split("open ", 1)[1].strip() for line in process.stdout if "open http" in line)
         second = run_tunedash(env, "serve", str(profile), "--port", str(port), timeout=30)
-        assert second.returncode != 0 and f"port {port}" in second.stderr and "--port" in second.stderr, second
+        assert second.returncode == 4 and f"port {port}" in second.stderr and "--port" in second.stderr, second
         assert "http://" not in second.stdout, second.stdout
         open_page(chromium, url)
         screen = wait_for_screen(chromium, lambda s: "READ-ONLY" in s, 60, "the read-only header")

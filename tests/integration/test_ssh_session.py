@@ -105,12 +105,12 @@ async def test_reattach_recover_and_take_over(sshd: Sshd, ssh_profile) -> None: 
     # A second dashboard of the same account (the shared tmux case) opens read-only and says who drives.
     watcher = Session(host, profile, sample_period_ms=500)
     await watcher.start()
-    assert watcher.readonly and "read-only:" in texts(watcher) and "drives" in texts(watcher)
+    assert watcher.readonly and f"read-only: {session.driver.who} (dashboard" in texts(watcher), texts(watcher)
     await watcher.stop()
     # --take-over makes another dashboard the driver; the first learns of it within 2 s and turns read-only.
     taker = Session(host, profile, sample_period_ms=500, take_over=True)
     await taker.start()
-    assert not taker.readonly and "took over from" in texts(taker)
+    assert not taker.readonly and f"took over from {session.driver.who} (dashboard" in texts(taker), texts(taker)
     await until(lambda: session.readonly, 3)
     assert "took over; this dashboard is now read-only" in texts(session)
     await taker.stop()

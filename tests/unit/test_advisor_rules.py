@@ -142,8 +142,13 @@ def test_na_values_and_unread_memory_are_not_evidence() -> None:
     gpus = tuple(GpuSample(i, f"GPU-{i}", "NVIDIA RTX A6000", None, 49140, unavailable={"memory": "[N/A]"})
                  for i in (0, 1))
     rules = _by_rule(evaluate(Evidence("sglang", DEMO_FLAGS, version="0.5.10", resolved=info, gpus=gpus)))
-    for silent in ("prefill_graph_auto_disabled", "single_batch_overlap_off", "overlap_schedule_off", "memory_idle"):
-        assert silent not in rules
+    silent = ("prefill_graph_auto_disabled", "single_batch_overlap_off", "overlap_schedule_off", "memory_idle")
+    for rule in silent:
+        assert rule not in rules
+    # the control: the same server with readable values fires every one of them
+    read = tuple(GpuSample(i, f"GPU-{i}", "NVIDIA RTX A6000", 20000, 49140) for i in (0, 1))
+    fired = _by_rule(evaluate(Evidence("sglang", DEMO_FLAGS, version="0.5.10", resolved=SIM_0510_INFO, gpus=read)))
+    assert set(silent) <= set(fired)
 
 
 def test_gpu_rules_say_not_read_without_facts_and_nothing_to_do_on_sm86() -> None:
@@ -172,8 +177,13 @@ def test_tp1_has_no_communication_rules() -> None:
     info = {**SIM_0510_INFO, "tp_size": 1}
     rules = _by_rule(evaluate(Evidence("sglang", flags, version="0.5.10", resolved=info,
                                        gpu_facts=_h200_facts())))
-    for rule in ("single_batch_overlap_off", "flashinfer_allreduce_fusion", "nccl_nvls"):
+    communication = ("single_batch_overlap_off", "flashinfer_allreduce_fusion", "nccl_nvls")
+    for rule in communication:
         assert rule not in rules
+    assert rules["prefill_graph_auto_disabled"].status == "fix"  # the other rules ran on the same evidence
+    tp2 = _by_rule(evaluate(Evidence("sglang", DEMO_FLAGS, version="0.5.10", resolved=SIM_0510_INFO,
+                                     gpu_facts=_h200_facts())))
+    assert set(communication) <= set(tp2)
 
 
 def test_batches_above_the_graph_size_get_the_releases_max_bs_flag() -> None:
