@@ -175,7 +175,7 @@ class HistoryScreen(Screen[None]):
         else:
             _table(detail, bench_rows(data.get("summary") or {}))
             self.query_one("#detail", Static).update("")
-        self.query_one(ComparePlots).show(compare_plots_view(data, self.store.request_rows(run.id)))
+        self.query_one(ComparePlots).show(compare_plots_view(data, self.cache.request_rows(run)))
         self.query_one(TrendPlot).show(trend_view(run, self.cache.profile_runs(run.profile, self.listed)))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -184,7 +184,7 @@ class HistoryScreen(Screen[None]):
 
     def action_open_run(self) -> None:
         if self.shown_run is not None:
-            self.app.push_screen(CompareScreen(self.shown_run, self.store.request_rows(self.shown_run.id)))
+            self.app.push_screen(CompareScreen(self.shown_run, self.cache.request_rows(self.shown_run)))
 
     def action_close(self) -> None:
         self.store.close()
@@ -317,7 +317,7 @@ class BenchKeys(App[None]):
             if p.kind == "trial":
                 data = experiment.result.to_json()
                 screen.show_table(arm_rows(data))
-                screen.show_plots(compare_plots_view(data, request_rows()))
+                screen.show_plots(compare_plots_view(data))  # launch values; the distributions at the end
 
         def on_lifecycle(event: LifecycleEvent) -> None:
             text = getattr(event, "text", None)

@@ -119,6 +119,7 @@ class RunCache:
     def __init__(self, store: HistoryStore) -> None:
         self.store = store
         self._runs: dict[int, RunRow] = {}
+        self._requests: dict[int, list[dict[str, Any]]] = {}
 
     def get(self, run_id: int) -> RunRow | None:
         cached = self._runs.get(run_id)
@@ -128,6 +129,14 @@ class RunCache:
         if run is not None:
             self._runs[run_id] = run
         return run
+
+    def request_rows(self, run: RunRow) -> list[dict[str, Any]]:
+        """A run's per-request rows (the distributions), read once for a finished run."""
+        if run.status == "running":
+            return self.store.request_rows(run.id)
+        if run.id not in self._requests:
+            self._requests[run.id] = self.store.request_rows(run.id)
+        return self._requests[run.id]
 
     def profile_runs(self, profile: str, listed: Iterable[RunRow]) -> list[RunRow]:
         """The listed runs of one profile (at most TREND_RUNS), with their arms and trials."""
