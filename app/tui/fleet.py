@@ -20,7 +20,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Static
 
 from app.core.fleet import FleetPoller, FleetRow
-from app.core.hosts.base import Host
+from app.core.hosts.base import Host, HostError
+from app.core.hosts.ssh_options import SshTarget
 from app.core.profiles.types import Profile
 from widgets.fleet_table import FleetRowView, FleetTable
 
@@ -32,7 +33,11 @@ def short_host(name: str) -> str:
     """ "gpubox:2222" for "ssh://alice@gpubox:2222" (the table's host column); other names as they are."""
     if not name.startswith("ssh://"):
         return name
-    return name.removeprefix("ssh://").rsplit("@", 1)[-1]
+    try:
+        target = SshTarget.parse(name)
+    except HostError:
+        return name
+    return f"{target.host}:{target.port}" if target.port else target.host
 
 
 def fleet_row_view(row: FleetRow) -> FleetRowView:

@@ -419,10 +419,11 @@ class Experiment:
             unsubscribe()
             self.result.status = status
             self.result.note = note
+            data = self.result.to_json()  # the launch statistics once, for the store and the "done" line
             if self.store is not None and self.run_id is not None:
-                data = self.result.to_json()
                 self.store.finish_run(self.run_id, status, summary=data, verdict=data.get("verdict"), note=note or None)
-        self._emit("done", self.result.verdict, trials_done=len(spec.schedule()), trials_total=len(spec.schedule()))
+        self._emit("done", str(data.get("verdict") or ""), trials_done=len(spec.schedule()),
+                   trials_total=len(spec.schedule()))
         return self.result
 
     async def _run_schedule(self) -> None:
