@@ -31,7 +31,7 @@ from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.driver import DriverClaim, DriverLock
-from app.core.server.states import LIVE_STATES, state_after
+from app.core.server.states import LIVE_STATES, gone_state, state_after
 from app.core.telemetry.smi import SmiTelemetry
 
 LOOK_PERIOD_S = 2.0
@@ -131,7 +131,7 @@ def _state_of(watch: _Watch) -> ServerState:
         return ServerState.LAUNCHING if record.outcome == "launching" else ServerState.STOPPED
     if watch.alive:
         return watch.log_state
-    return ServerState.CRASHED if record.outcome in ("running", "ready", "crashed") else ServerState.STOPPED
+    return gone_state(record.outcome)
 
 
 def _first_since(watch: _Watch, state: ServerState) -> float | None:

@@ -58,6 +58,12 @@ def state_after(state: ServerState, event: LogEvent) -> ServerState | None:
     return None if target == state else target
 
 
+def gone_state(outcome: str) -> ServerState:
+    """The state of a server whose process group is gone, by its record's outcome: it died on its own (CRASHED)
+    unless it was killed or never got further than "launching" (STOPPED)."""
+    return ServerState.CRASHED if outcome in ("running", "ready", "crashed") else ServerState.STOPPED
+
+
 def state_from_log(events: Iterable[LogEvent]) -> ServerState:
     """The state a server launched with this log is in after it: its events applied from LAUNCHING on."""
     state = ServerState.LAUNCHING

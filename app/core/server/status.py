@@ -12,7 +12,7 @@ from app.core.hosts.procfs import ProcessInfo
 from app.core.logs.parser import LogParser
 from app.core.profiles.types import Profile
 from app.core.server import jobs
-from app.core.server.states import state_from_log, telling_fatal
+from app.core.server.states import gone_state, state_from_log, telling_fatal
 
 
 @dataclass
@@ -44,10 +44,7 @@ async def inspect_job(host: Host, profile: Profile) -> StatusReport:
     for event in events:
         if isinstance(event, FatalEvent):
             telling = telling_fatal(telling, event)
-    if members:
-        state = state_from_log(events)
-    else:  # gone: it died on its own unless it was killed (or never got further than "launching")
-        state = ServerState.CRASHED if record.outcome in ("running", "ready", "crashed") else ServerState.STOPPED
+    state = state_from_log(events) if members else gone_state(record.outcome)
     return StatusReport(profile, host.name, state, record, members, notices, telling.text if telling else None)
 
 
