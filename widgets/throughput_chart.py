@@ -65,21 +65,42 @@ def downsample(
     return [(acc[0] / acc[2], acc[1] / acc[2]) for _, acc in sorted(sums.items())]
 
 
-def nice_ceiling(value: float) -> float:
-    """The next "round" number at or above value: 1, 2, 2.5, 5 times a power of ten."""
-    if value <= 0:
-        return 1.0
-    exp = 10 ** math.floor(math.log10(value))
-    for step in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if step * exp >= value:
-            return step * exp
-    return 10.0 * exp
+NICE_STEPS = (1.0, 2.0, 2.5, 5.0)
+"""Tick steps are one of these times a power of ten."""
 
 
-def _ticks(top: float, count: int = 5) -> tuple[list[float], list[str]]:
-    """`count` evenly spaced ticks from 0 to top, labelled without trailing zeros."""
-    values = [top * i / (count - 1) for i in range(count)]
+def nice_axis(value: float, intervals: int) -> tuple[float, float]:
+    """(top, step) of an axis from 0 that reaches `value` in at most `intervals` steps of 1, 2, 2.5 or 5 x 10^k:
+    the smallest such step, and the first multiple of it at or above value (2.53 in 4 steps: top 3, step 1)."""
+    value = value if value > 0 else 1.0
+    intervals = max(1, intervals)
+    exp = 10.0 ** math.floor(math.log10(value / intervals))
+    while True:
+        for mantissa in NICE_STEPS:
+            step = mantissa * exp
+            count = math.ceil(value / step - 1e-9)
+            if count <= intervals:
+                return count * step, step
+        exp *= 10
+
+
+def _ticks(top: float, step: float) -> tuple[list[float], list[str]]:
+    """Ticks at every multiple of `step` from 0 to top, labelled without trailing zeros."""
+    values = [round(i * step, 9) for i in range(math.floor(top / step + 1e-9) + 1)]
     return values, [f"{v:g}" for v in values]
+
+
+MIN_SPAN_S = 30.0
+"""The shortest x range: a chart with less data than this spans this many seconds."""
+
+
+def x_span(data_s: float, window_s: float, intervals: int) -> tuple[float, float]:
+    """(span, tick step) of the x axis, in seconds before now: the data's age (at least MIN_SPAN_S) rounded up to
+    a round step in at most `intervals` steps, until that reaches the window; then the window (it scrolls)."""
+    span, step = nice_axis(max(data_s, MIN_SPAN_S), intervals)
+    if span >= window_s:
+        return window_s, nice_axis(window_s, intervals)[1]
+    return span, step
 
 
 MARKER_LABEL_CHARS = 28
@@ -164,9 +185,12 @@ class ThroughputChart(Widget):
     """Tokens/s (left axis) by source and acceptance length (right axis) over `window_s` seconds.
 
     Feed it with `update(points, now, markers)`; `now` is wall-clock (time.time(), the clock of
-    ThroughputPoint.at) and is the right edge of the x axis, which reads seconds before now.
-    The tokens/s axis is fixed from 0 to a round ceiling that only grows (call `reset_scale()` after
-    a change of model); acceptance length is fixed from 0 to a round ceiling too.
+    ThroughputPoint.at) and is the right edge of the x axis, which reads seconds before now. The x axis spans the
+    data (at least MIN_SPAN_S, rounded up to a round tick step) until the data is `window_s` old; from then on it
+    spans the window and scrolls (docs/decisions.md#chart-axes).
+    The tokens/s axis runs from 0 to a round ceiling that only grows (call `reset_scale()` after a change of
+    model); acceptance length from 0 to a round ceiling too. Ticks on both axes are multiples of 1, 2, 2.5 or 5
+    times a power of ten, as many as the chart's height has room for.
     """
 
     DEFAULT_CSS = """
@@ -202,8 +226,8 @@ class ThroughputChart(Widget):
         self._markers: tuple[RelaunchMarker, ...] = ()
         self._now = 0.0
         self._dirty = False
-        self._y_top = 0.0
-        self._accept_top = 0.0
+        self._y_peak = 0.0  # the highest value each axis has shown (with headroom): the ticks follow it
+        self._accept_peak: float | None = None
         self.replot_count = 0
         """How many times the figure was rebuilt (tests use it to check throttling)."""
         self._version: object = None
@@ -261,8 +285,8 @@ class ThroughputChart(Widget):
 
     def reset_scale(self) -> None:
         """Let the y axes shrink again on the next replot."""
-        self._y_top = 0.0
-        self._accept_top = 0.0
+        self._y_peak = 0.0
+        self._accept_peak = None
         self._dirty = True
 
     @property
@@ -291,11 +315,11 @@ class ThroughputChart(Widget):
         self._last_replot = time.monotonic()
         start, end = self._now - self.window_s, self._now
         peak = max((p.tokens_per_s for p in self._points if start <= p.at <= end), default=0.0)
-        self._y_top = max(self._y_top, nice_ceiling(peak * 1.1))
+        self._y_peak = max(self._y_peak, peak * 1.1)
         accept_peak = max((p.accept_len for p in self._points
                            if p.accept_len is not None and start <= p.at <= end), default=None)
         if accept_peak is not None:
-            self._accept_top = max(self._accept_top, nice_ceiling(accept_peak * 1.1))
+            self._accept_peak = max(self._accept_peak or 0.0, accept_peak * 1.1)
         self.refresh()
 
     def notify_style_update(self) -> None:
@@ -326,14 +350,14 @@ class ThroughputChart(Widget):
         length right), a braille line per source, relaunch markers with their labels, x ticks in seconds
         before now, the axis label and a legend on the frame's top line. Before the first replot: the empty frame."""
         canvas = BrailleCanvas(width, height)
-        drawn = self.replot_count > 0 and self._y_top > 0 and bool(self._points or self._markers)
+        drawn = self.replot_count > 0 and bool(self._points or self._markers)
         has_xlabel = height >= 6
         # frame top, frame bottom, x tick labels (once there is data), the x label (unless the chart is tiny)
         plot_rows = height - 2 - (1 if drawn else 0) - (1 if has_xlabel else 0)
         if plot_rows < 1 or width < 8:
             return canvas
-        tick_count = 5 if height >= 16 else 3 if height >= 8 else 2
-        start, end = self._now - self.window_s, self._now
+        y_intervals = 4 if height >= 16 else 2 if height >= 8 else 1
+        window_start = self._now - self.window_s
         by_source: dict[str, list[tuple[float, float]]] = {}
         accept: list[tuple[float, float]] = []
         if drawn:
@@ -341,8 +365,10 @@ class ThroughputChart(Widget):
                 by_source.setdefault(p.source, []).append((p.at, p.tokens_per_s))
                 if p.accept_len is not None:
                     accept.append((p.at, p.accept_len))
-        left_ticks = _ticks(self._y_top, tick_count) if drawn else ([], [])
-        right_ticks = _ticks(self._accept_top, tick_count) if accept and self._accept_top > 0 else ([], [])
+        y_top, y_step = nice_axis(self._y_peak, y_intervals)
+        accept_top, accept_step = nice_axis(self._accept_peak or 0.0, y_intervals)
+        left_ticks = _ticks(y_top, y_step) if drawn else ([], [])
+        right_ticks = _ticks(accept_top, accept_step) if accept and self._accept_peak is not None else ([], [])
         left_w = max((len(label) for label in left_ticks[1]), default=0)
         right_w = max((len(label) for label in right_ticks[1]), default=0)
         plot_w = width - left_w - 2 - right_w
@@ -369,19 +395,25 @@ class ThroughputChart(Widget):
             return 1 + round((1 - fraction) * (plot_rows - 1))
 
         for (value, label) in zip(*left_ticks, strict=True):
-            row = tick_row(value / self._y_top)
+            row = tick_row(value / y_top)
             canvas.frame(x0, row, "┤")
             canvas.text(left_w - len(label), row, label)
         for (value, label) in zip(*right_ticks, strict=True):
-            row = tick_row(value / self._accept_top)
+            row = tick_row(value / accept_top)
             canvas.frame(x1, row, "├")
             canvas.text(x1 + 1, row, label)
-        x_ticks = 5 if plot_w >= 28 else 3 if plot_w >= 14 else 2
+        x_intervals = 4 if plot_w >= 28 else 2 if plot_w >= 14 else 1
+        span, x_step = x_span(self._now - self._oldest(window_start), self.window_s, x_intervals)
+        start, end = self._now - span, self._now
+
+        def column(at: float) -> int:
+            return x0 + 1 + round((at - start) / span * (plot_w - 1))
+
         last_end = -1
-        for i in range(x_ticks):
-            col = x0 + 1 + round(i / (x_ticks - 1) * (plot_w - 1))
+        for ago in reversed(_ticks(span, x_step)[0]):  # left to right: -span (or the last step inside it) ... 0
+            col = column(end - ago)
             canvas.frame(col, bottom, "┬")
-            label = f"{-self.window_s + i * self.window_s / (x_ticks - 1):g}"
+            label = f"{-ago:g}" if ago else "0"
             at = min(max(col - len(label) // 2, 0), width - len(label))
             if at > last_end:
                 canvas.text(at, bottom + 1, label)
@@ -389,7 +421,7 @@ class ThroughputChart(Widget):
 
         def pixel(at: float, value: float, top: float) -> tuple[int, int]:
             # on the same scale as the tick cells (a value at a tick lands in the tick's row), dots centred in cells
-            x = 2 * (x0 + 1) + round((at - start) / self.window_s * (plot_w - 1) * 2 + 0.5)
+            x = 2 * (x0 + 1) + round((at - start) / span * (plot_w - 1) * 2 + 0.5)
             y = 4 + round((1 - min(max(value / top, 0.0), 1.0)) * (plot_rows - 1) * 4 + 1.5)
             return x, y
 
@@ -412,32 +444,37 @@ class ThroughputChart(Widget):
         for source, series in sorted(by_source.items()):
             style = self._colour(SOURCE_COLOURS.get(source, "secondary"))
             mark, mask = line_of(source)
-            plot(series, self._y_top, style, mask)
+            plot(series, y_top, style, mask)
             legend.append((f"{source} tok/s", style, mark))
         if right_ticks[0]:
             style = self._colour(ACCEPT_COLOUR)
             mark, mask = line_of("accept")
-            plot(accept, self._accept_top, style, mask)
+            plot(accept, accept_top, style, mask)
             legend.append(("accept len (right)", style, mark))
 
         marker_style = self._colour(MARKER_COLOUR)
         visible = [m for m in self._markers if start <= m.at <= end]
-        column_s = self.window_s / plot_w
+        column_s = span / plot_w
         for marker, (x, height_frac, align) in zip(visible, marker_label_places(visible, start, end, column_s),
                                                    strict=True):
-            col = x0 + 1 + round((marker.at - start) / self.window_s * (plot_w - 1))
+            col = column(marker.at)
             canvas.frame(col, 0, "┬", marker_style)
             canvas.frame(col, bottom, "┴", marker_style)
             for row in range(1, bottom):
                 canvas.frame(col, row, "│", marker_style)
             label = short_label(marker.text)
-            label_col = x0 + 1 + round((x + self.window_s) / self.window_s * (plot_w - 1))
+            label_col = column(end + x)
             if align == "right":
                 label_col -= len(label) - 1
             label_col = min(max(label_col, x0 + 1), x1 - len(label))
             canvas.text(label_col, tick_row(height_frac), label, marker_style)
         draw_legend(canvas, legend, x0, x1)
         return canvas
+
+    def _oldest(self, since: float) -> float:
+        """The time of the oldest point or marker at or after `since` (now when there is none)."""
+        times = [p.at for p in self._points] + [m.at for m in self._markers]
+        return min((at for at in times if at >= since), default=self._now)
 
     def on_resize(self) -> None:
         """A drawn chart replots at once at its new size (buckets and ticks follow the size; resizes are rare)."""
