@@ -11,15 +11,27 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from app.sim.engine import SimRequest
+from app.sim.engine import Engine, SimRequest
+from app.sim.resolved import Running
 from app.sim.simlog import log
 
-if TYPE_CHECKING:
-    from app.sim.sglang import SimServer
+
+class ServedServer(Protocol):
+    """What the routes read of the server they serve (app.sim.sglang.SimServer is one)."""
+
+    args: dict[str, Any]
+    """The resolved server args, by SGLang's field names (`_`-prefixed ones are private)."""
+    running: Running
+    model: dict[str, Any]
+    status: str
+    """"Starting", "Up" or "Draining"."""
+    max_total_tokens: int
+    engine: Engine | None
+    """None until the scheduler is up."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TEXT_MARK = "\x00tunedash-sim-text\x00"  # stands for a chunk's text while its JSON is rendered once (_generate)
@@ -32,10 +44,10 @@ def event_around_text(chunk: dict[str, Any]) -> tuple[bytes, bytes]:
     if not mark:
         raise ValueError("the chunk carries no TEXT_MARK")
     return head.encode(), tail.encode()
-SERVER_KEY: web.AppKey[SimServer] = web.AppKey("server")
+SERVER_KEY: web.AppKey[ServedServer] = web.AppKey("server")
 
 
-def _server(request: web.Request) -> SimServer:
+def _server(request: web.Request) -> ServedServer:
     return request.app[SERVER_KEY]
 
 
@@ -58,7 +70,7 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def public_args(srv: SimServer) -> dict[str, Any]:
+def public_args(srv: ServedServer) -> dict[str, Any]:
     return {k: v for k, v in srv.args.items() if not k.startswith("_")}
 
 
@@ -227,7 +239,7 @@ async def health_generate(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def _gauge_lines(srv: SimServer) -> str:
+def _gauge_lines(srv: ServedServer) -> str:
     eng = srv.engine
     assert eng is not None
     labels = f'engine_type="unified",model_name="{srv.args["served_model_name"]}",pp_rank="0",tp_rank="0"'
@@ -258,7 +270,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=_gauge_lines(_server(request)), content_type="text/plain")
 
 
-def build_app(server: SimServer) -> web.Application:
+def build_app(server: ServedServer) -> web.Application:
     app = web.Application(middlewares=[access_log])
     app[SERVER_KEY] = server
     r = app.router

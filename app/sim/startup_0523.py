@@ -21,20 +21,17 @@ tests/data/logs/sglang_0523_startup.log is rendered from the same strings):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from app.sim import gpu_state
+from app.sim.rank_phases import RankPhases
 from app.sim.tracebacks import GIB, capture_oom_traceback
-
-if TYPE_CHECKING:
-    from app.sim.rank import Rank
 
 PREFILL_OFF = ("Disable prefill CUDA graph because cuda_graph_config resolved prefill.backend='disabled' (e.g. via "
                "--cuda-graph-backend-prefill=disabled or auto-disable rules).")
 DRAFT_KV_SHARE = 0.06  # the draft model's own KV pool, as a share of the target's
 
 
-def start(rank: Rank) -> int:
+def start(rank: RankPhases) -> int:
     """0.5.23's startup lines on one rank; the token capacity."""
     model, phases = rank.model, rank.phases
     rank.say("Init parallel begin.")
@@ -53,7 +50,7 @@ def start(rank: Rank) -> int:
     return tokens
 
 
-def memory_pools(rank: Rank, weights_mib: float) -> int:
+def memory_pools(rank: RankPhases, weights_mib: float) -> int:
     """Mamba state, the target's KV pool, then (speculation) the draft's; the token capacity."""
     model = rank.model
     pool_kv_mib, mamba_mib, _ = rank.allocate_pool(weights_mib)
@@ -79,7 +76,7 @@ def memory_pools(rank: Rank, weights_mib: float) -> int:
     return tokens
 
 
-def graphs(rank: Rank) -> None:
+def graphs(rank: RankPhases) -> None:
     """The target's prefill and decode (verify) graphs, then the draft's decode and extend graphs."""
     args, phases, running = rank.args, rank.phases, rank.running
     decode_backend = args["cuda_graph_backend_decode"]
@@ -109,7 +106,7 @@ def graphs(rank: Rank) -> None:
             rank0_only=True)
 
 
-def decode_batch_sizes(rank: Rank) -> list[int]:
+def decode_batch_sizes(rank: RankPhases) -> list[int]:
     """0.5.23's decode capture sizes (generate_decode_cuda_graph_batch_sizes) up to the graph's max bs."""
     max_bs = int(rank.running["graph_max_bs"])
     if rank.spec_graphs:
@@ -120,7 +117,7 @@ def decode_batch_sizes(rank: Rank) -> list[int]:
     return sizes if max_bs in sizes else [*sizes, max_bs]
 
 
-def prefill_token_sizes(rank: Rank) -> list[int]:
+def prefill_token_sizes(rank: RankPhases) -> list[int]:
     """0.5.23's prefill capture sizes (generate_prefill_cuda_graph_batch_sizes) up to the prefill max."""
     top = int(rank.running["prefill_graph_max_tokens"])
     sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
@@ -128,7 +125,7 @@ def prefill_token_sizes(rank: Rank) -> list[int]:
     return [n for n in sizes if n <= top]
 
 
-def capture(rank: Rank, name: str, seconds: float, mib: int, detail: str, end_bs: bool = False,
+def capture(rank: RankPhases, name: str, seconds: float, mib: int, detail: str, end_bs: bool = False,
             rank0_only: bool = False) -> None:
     """One capture: `Capture {role} {phase} CUDA graph begin. {detail}avail mem=...` / `... end. ...`."""
     quiet = rank0_only and rank.tp_rank != 0
