@@ -4,11 +4,14 @@
     python3 scripts/check_import_cycles.py [ROOT [PACKAGE ...]]
 
 Reads every module of the packages (default: app and widgets under the repository root) with `ast`, without
-importing anything. An import counts wherever it is written, at module level or inside a function; one under
-`if TYPE_CHECKING:` does not (it never runs). `from pkg import name` is an import of the module `pkg.name`
-when there is one, else of `pkg`; relative imports are resolved; imports of other packages are left out.
+importing anything. An import counts wherever it is written: at module level, inside a function, and under
+`if TYPE_CHECKING:` (it never runs, but the two files still lean on each other: what both need belongs in the
+lower one or a module of its own; docs/architecture.md#what-may-import-what-and-how-it-is-checked).
+`from pkg import name` is an import of the module `pkg.name` when there is one, else of `pkg`; relative imports
+are resolved; imports of other packages are left out.
 Exits 1 and prints one shortest cycle through each module that is on one (`a -> b -> a`), 0 with a
-one-line summary when there is none.
+one-line summary when there is none. A cycle in KNOWN_CYCLES is printed as known (to stderr) and passes; one
+that is gone is said, so its entry can be deleted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ DEFAULT_PACKAGES = ("app", "widgets")
 
 ImportGraph = dict[str, set[str]]
 
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
+    # issue 19: TunedashApp's palette provider names the app's type; its own fix is on its way. Delete this
+    # entry once this script says it is gone.
+    frozenset({"app.tui.app", "app.tui.commands"}),
+})
+"""Cycles that pass for now, each as the set of its modules. Add none: break the cycle instead."""
+
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
     """Every module of `packages` under `root`, by dotted name (a package's `__init__.py` is the package)."""
@@ -37,30 +47,11 @@ def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    """`TYPE_CHECKING` or `typing.TYPE_CHECKING` (anything spelt `....TYPE_CHECKING`)."""
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _runtime_imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements under `node` that can run: all but the body of an `if TYPE_CHECKING:`."""
-    for child in ast.iter_child_nodes(node):
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under `node`: module level, in functions and classes, under `if TYPE_CHECKING:`."""
+    for child in ast.walk(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for other in child.orelse:
-                yield from _runtime_imports_of(other)
-        else:
-            yield from _runtime_imports(child)
-
-
-def _runtime_imports_of(statement: ast.stmt) -> Iterator[ast.Import | ast.ImportFrom]:
-    if isinstance(statement, ast.Import | ast.ImportFrom):
-        yield statement
-    else:
-        yield from _runtime_imports(statement)
 
 
 def _known(name: str, modules: set[str]) -> str | None:
@@ -75,10 +66,10 @@ def _known(name: str, modules: set[str]) -> str | None:
 
 
 def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
-    """The modules of ours that `module` imports at run time."""
+    """The modules of ours that `module` imports (at run time or for its types)."""
     is_package = path.name == "__init__.py"
     targets: set[str] = set()
-    for statement in _runtime_imports(ast.parse(path.read_text(), filename=str(path))):
+    for statement in _imports(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(statement, ast.Import):
             names = [alias.name for alias in statement.names]
         else:
@@ -137,20 +128,29 @@ def find_cycles(graph: ImportGraph) -> list[list[str]]:
     return cycles
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the cycles and return 1, or print a summary and return 0."""
+def main(argv: Sequence[str] | None = None, known: frozenset[frozenset[str]] = KNOWN_CYCLES) -> int:
+    """Print the cycles and return 1, or print a summary and return 0; cycles in `known` are said and pass."""
     args = list(sys.argv[1:] if argv is None else argv)
     root = Path(args[0]) if args else REPO
     packages = args[1:] or list(DEFAULT_PACKAGES)
     graph = build_graph(root, packages)
     cycles = find_cycles(graph)
+    new = [cycle for cycle in cycles if frozenset(cycle) not in known]
+    found = {frozenset(cycle) for cycle in cycles}
     for cycle in cycles:
+        if cycle not in new:
+            print(f"known import cycle, passes for now (KNOWN_CYCLES): {' -> '.join(cycle)}", file=sys.stderr)
+    checked = set(module_files(root, packages))
+    for gone in sorted(sorted(entry) for entry in known if entry <= checked and entry not in found):
+        print(f"known import cycle is gone, delete its KNOWN_CYCLES entry: {', '.join(gone)}", file=sys.stderr)
+    for cycle in new:
         print(" -> ".join(cycle))
-    if cycles:
-        print(f"{len(cycles)} import cycle(s) in {', '.join(packages)}", file=sys.stderr)
+    if new:
+        print(f"{len(new)} import cycle(s) in {', '.join(packages)}", file=sys.stderr)
         return 1
     edges = sum(len(targets) for targets in graph.values())
-    print(f"no import cycles: {len(graph)} modules, {edges} imports between them ({', '.join(packages)})")
+    but = f" but {len(cycles)} known" if cycles else ""
+    print(f"no import cycles{but}: {len(graph)} modules, {edges} imports between them ({', '.join(packages)})")
     return 0
 
 
