@@ -49,3 +49,17 @@ def test_core_telemetry_imports_no_ui() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_server_room_imports_nothing_of_measure() -> None:
+    """app.core.server is below app.core.measure (docs/architecture.md#the-rooms): loading every server module
+    loads no measure module (the lifecycle's health check came from measure.http_probes)."""
+    modules = [m.name for m in pkgutil.walk_packages([str(REPO / "app/core/server")], "app.core.server.")]
+    assert "app.core.server.lifecycle" in modules
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('app.core.measure'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert json.loads(out.stdout) == []

@@ -6,24 +6,16 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+
+from app.core.server.health import Health, check_url
 
 METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """The most of a probe's answer that is read (/metrics, server info); a longer body counts as no answer."""
-
-
-@dataclass(frozen=True)
-class Health:
-    """One /health answer: the status code, or the reason there was none."""
-
-    ok: bool
-    status: int | None
-    error: str = ""
 
 
 _Body = TypeVar("_Body")
@@ -65,19 +57,8 @@ async def _capped_body(response: aiohttp.ClientResponse) -> bytes | None:
 
 
 async def check_health(base_url: str, timeout_s: float = 2.0) -> Health:
+    """GET the server's /health (app.core.server.health.check_url)."""
     return await check_url(f"{base_url}/health", timeout_s)
-
-
-async def check_url(url: str, timeout_s: float = 2.0) -> Health:
-    """GET any URL (a custom profile's health_url); ok when it answers 200."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=_timeout(timeout_s)) as session,
-            session.get(url) as response,
-        ):
-            return Health(response.status == 200, response.status)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return Health(False, None, str(exc) or type(exc).__name__)
 
 
 async def get_json(base_url: str, path: str, timeout_s: float = 3.0) -> dict[str, Any] | None:

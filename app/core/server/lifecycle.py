@@ -40,7 +40,6 @@ from app.core.errors import Reason
 from app.core.flags.discovery import ServerFlags, rejection_message
 from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
 from app.core.logs.parser import LogParser
-from app.core.measure.http_probes import check_url
 from app.core.profiles.render import health_url, launch_argv, launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
@@ -54,6 +53,7 @@ from app.core.server.events import (
     ServerLogEvent,
     StateChanged,
 )
+from app.core.server.health import check_url
 from app.core.server.preflight import LaunchRefused, claim_launch, preflight
 from app.core.server.release import (
     FreeProgress,
