@@ -173,7 +173,8 @@ class LogLine:
 
 LOG_LINE_MAX = 64 * 1024
 """The longest log line kept (characters; bytes where it is read from a file): the rest is cut where lines enter
-(LocalHost.follow, app.core.logs.parser.read_log_lines and LogParser.feed) and LOG_LINE_CUT marks the cut."""
+(LocalHost.follow and SshHost's streams through app.core.hosts.lines, app.core.logs.parser.read_log_lines and
+LogParser.feed) and LOG_LINE_CUT marks the cut."""
 
 LOG_LINE_CUT = " ... [line cut at 64 KiB]"
 

@@ -1,6 +1,7 @@
 """A 50 MB log line (a server that prints a tensor, a binary blob in its log) is cut at 64 KiB with a marker where
-lines enter: LocalHost.follow, read_log_lines/parse_lines and LogParser.feed. Before the cut, follow held the line
-whole (about 7 s here to read it) and parse_lines took 13 s on it; the lines around it must come through intact."""
+lines enter: LocalHost.follow, SshHost's stream reader (its follow and telemetry streams), read_log_lines/parse_lines
+and LogParser.feed. Before the cut, follow held the line whole (about 7 s here to read it) and parse_lines took 13 s
+on it; the lines around it must come through intact."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from app.core.data import LOG_LINE_CUT, LOG_LINE_MAX, FatalEvent
 from app.core.hosts.local import LocalHost
 from app.core.logs.parser import LogParser, parse_lines, read_log_lines
+from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
 
 HUGE = 50 * 1024 * 1024
 FIRST = "[2026-01-01 00:00:00] starting the server"
@@ -80,3 +82,40 @@ async def test_a_command_printing_a_line_over_64_kib_does_not_hang_the_stream(tm
     host = LocalHost("local", state_dir=str(tmp_path))
     lines = [line async for line in host.stream_lines([sys.executable, "-c", script])]
     assert lines[-2:] == ["after", "\x00exit:0"] and "line cut" in lines[0]
+
+
+@pytest.mark.ssh
+async def test_follow_over_ssh_cuts_the_line_as_locally(sshd: Sshd, ssh_tmp: Path) -> None:  # noqa: F811
+    """SshHost.follow (`tail -F` over the channel) handed a long line on in pieces of asyncssh's receive window
+    (~2 MiB: 4 "lines" of x for this 6 MiB one); it is cut at 64 KiB like LocalHost.follow's, and the line
+    after it comes through whole."""
+    from app.core.hosts.ssh import SshHost
+
+    path = ssh_tmp / "server.log"
+    path.write_bytes(FIRST.encode() + b"\n" + b"x" * (6 << 20) + b"\r\n" + LAST.encode() + b"\n")
+    host = SshHost(sshd.spec, options=sshd.options())
+    lines: list[str] = []
+    try:
+        async with contextlib.aclosing(host.follow(str(path))) as followed:
+            async for line in followed:
+                lines.append(line)
+                if len(lines) == 3 or line == LAST:
+                    break
+    finally:
+        await host.close()
+    assert lines == [FIRST, CUT_LINE, LAST]
+
+
+@pytest.mark.ssh
+async def test_a_stream_over_ssh_cuts_a_long_line_in_stdout_and_stderr(sshd: Sshd) -> None:  # noqa: F811
+    from app.core.hosts.ssh import SshHost
+
+    script = "head -c 3000000 /dev/zero | tr '\\0' a; echo; echo after; head -c 100000 /dev/zero | tr '\\0' b >&2"
+    host = SshHost(sshd.spec, options=sshd.options())
+    try:
+        lines = [line async for line in host.stream_lines(["sh", "-c", script])]
+    finally:
+        await host.close()
+    out = [line for line in lines if not line.startswith("\x00")]
+    assert out == ["a" * LOG_LINE_MAX + LOG_LINE_CUT, "after"]
+    assert "\x00stderr:" + "b" * LOG_LINE_MAX + LOG_LINE_CUT in lines and lines[-1] == "\x00exit:0"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import platformdirs
 
-from app.core.data import LOG_LINE_CUT, LOG_LINE_MAX
+from app.core.data import LOG_LINE_CUT
 from app.core.hosts.base import (
     CommandResult,
     Host,
@@ -28,6 +28,7 @@ from app.core.hosts.base import (
     SpawnedProcess,
 )
 from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
+from app.core.hosts.lines import LineCutter
 from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, leader_says_alive, listening_ports, parse_stat_line
 
 FOLLOW_POLL_S = 0.05  # LocalHost.follow: the poll after new lines
@@ -262,8 +263,7 @@ class LocalHost(Host):
         delay = FOLLOW_POLL_S
         inode = None
         position = 0
-        pending = b""  # the start of the line being read, LOG_LINE_MAX bytes at most
-        cutting = False  # that line passed LOG_LINE_MAX: the rest of it is dropped up to its newline
+        lines = LineCutter()
         try:
             while True:
                 if handle is None:
@@ -279,15 +279,8 @@ class LocalHost(Host):
                 chunk = handle.read(65536)
                 if chunk:
                     position += len(chunk)
-                    *lines, rest = chunk.split(b"\n")
-                    for line in lines:
-                        whole = pending if cutting else pending + line
-                        yield _followed_line(whole, cutting or len(whole) > LOG_LINE_MAX)
-                        pending, cutting = b"", False
-                    if not cutting:
-                        pending += rest
-                        if len(pending) > LOG_LINE_MAX:
-                            pending, cutting = pending[:LOG_LINE_MAX], True
+                    for line in lines.feed(chunk):
+                        yield line
                     delay = FOLLOW_POLL_S
                     continue
                 await asyncio.sleep(delay)
@@ -304,12 +297,6 @@ class LocalHost(Host):
         finally:
             if handle is not None:
                 handle.close()
-
-
-def _followed_line(data: bytes, cut: bool) -> str:
-    """One followed line as text: without its "\\r", cut to LOG_LINE_MAX bytes with LOG_LINE_CUT when `cut`."""
-    text = data[:LOG_LINE_MAX].decode(errors="replace").rstrip("\r")
-    return text + LOG_LINE_CUT if cut else text
 
 
 def _read_stat(pid: int) -> ProcessInfo | None:

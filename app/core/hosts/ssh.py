@@ -7,7 +7,8 @@ TUNEDASH_SIM_STATE, PYTHONPATH) and per-call env travel as `env K=V ... argv`.
 Streams: one channel per stream on the same connection. The remote command runs under a small `sh` watchdog
 that kills the command's process group (sshd makes each session its own group) when the channel's stdin
 reaches EOF, which happens when we close the channel and when the connection dies; so streams that lose
-their reader never pile up on the host, even on OpenSSH versions that ignore channel signals for root.
+their reader never pile up on the host, even on OpenSSH versions that ignore channel signals for root. Their
+lines are cut at LOG_LINE_MAX (64 KiB) as they arrive, as LocalHost.follow cuts them.
 
 Connection loss: a supervisor task waits on the connection; when it closes unexpectedly it emits
 ConnectionChanged("lost"), retries with capped exponential backoff (1 s doubling to 30 s), and emits
@@ -37,6 +38,7 @@ import asyncssh
 from app.core.data import ConnectionState
 from app.core.hosts.base import CommandResult, ConnectionChanged, Host, HostError, SpawnedProcess
 from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
+from app.core.hosts.lines import LineCutter
 from app.core.hosts.procfs import ProcessInfo, leader_says_alive, listening_ports, parse_stat_line, parse_stat_text
 from app.core.hosts.shell_scripts import WRITE_SCRIPT
 from app.core.hosts.ssh_options import SshTarget, settings_for
@@ -53,6 +55,7 @@ from app.core.hosts.ssh_trust import (
 # closed or connection gone), signals the whole process group. Its own output goes nowhere, so it never
 # keeps the channel open after the command exits.
 WATCHDOG = 'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM 0) >/dev/null 2>&1 </dev/null & exec "$@" </dev/null 3<&-'
+READ_CHUNK = 65536  # stream_lines reads the channel in chunks this size; LineCutter makes the lines
 BACKOFF_S = (1.0, 30.0)
 FINAL = (HostKeyChanged, HostKeyUnknown, LoginRefused)  # a retry cannot fix these: "failed", no more attempts
 
@@ -259,16 +262,21 @@ class SshHost(Host):
         conn = await self._connection()
         command = shlex.join(["sh", "-c", WATCHDOG, "sh"]) + " " + self._command(argv, env)
         try:
-            proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+            proc = await conn.create_process(command, encoding=None)
         except (asyncssh.Error, OSError) as exc:
             raise self._lost(exc) from None
         queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
 
-        async def pump(stream: asyncssh.SSHReader[str], prefix: str) -> None:
+        async def pump(stream: asyncssh.SSHReader[bytes], prefix: str) -> None:
+            # Chunks, not readline: asyncssh hands back a line over its receive window (~2 MiB) in pieces,
+            # and would hold it whole until then.
+            lines = LineCutter()
             try:
-                async for line in stream:
-                    if line:
-                        await queue.put(prefix + line.rstrip("\r\n"))
+                while chunk := await stream.read(READ_CHUNK):
+                    for line in lines.feed(chunk):
+                        await queue.put(prefix + line)
+                for line in lines.end():
+                    await queue.put(prefix + line)
             except (asyncssh.Error, OSError) as exc:
                 await queue.put(exc)
             await queue.put(None)
