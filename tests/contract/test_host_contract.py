@@ -30,6 +30,34 @@ async def test_values_are_never_run_by_a_shell(host: Host, tmp_path: Path) -> No
     assert not marker.exists()
 
 
+async def test_no_login_shell_reads_a_value(host: Host, tmp_path: Path) -> None:
+    """Under a fish login shell `'x\\' '` was one word and `; touch ... #` then ran (the `#` ate the closing
+    quote); tcsh refused a newline inside quotes. Every value must reach the command as it was, in every shell."""
+    marker = tmp_path / "pwned"
+    injection = ["x\\", f"; touch {marker} #"]
+    result = await host.run(["printf", "[%s]\\n", *injection])
+    assert not marker.exists(), "a value ran as a command"
+    assert result.stdout == "".join(f"[{value}]\n" for value in injection)
+    values = [*injection, "a\nb", "!!", "$HOME", "~", "*", "{a,b}", "'\"`", "%self", ""]
+    result = await host.run(["printf", "[%s]\\n", *values])
+    assert (result.returncode, result.stdout) == (0, "".join(f"[{value}]\n" for value in values))
+    assert not marker.exists()
+    path = str(tmp_path / "x\\ '; touch pwned #")
+    text = f"x\\\n; touch {marker} #\n'\"\n"  # a file's text (a command's input over SSH), to the byte
+    await host.write_text(path, text)
+    assert await host.read_text(path) == text and not marker.exists()
+    lines = [line async for line in host.stream_lines(["printf", "[%s]\\n", *values])]
+    assert lines == [*(f"[{value}]" for value in values[:2]), "[a", "b]", *(f"[{v}]" for v in values[3:]), "\x00exit:0"]
+    assert not marker.exists()
+
+
+async def test_an_empty_text_is_written_at_once(host: Host, tmp_path: Path) -> None:
+    """Over SSH an empty write sent no EOF (asyncssh skips both for empty input), so it hung until the timeout."""
+    path = str(tmp_path / "empty")
+    await asyncio.wait_for(host.write_text(path, ""), 10)
+    assert await host.read_text(path) == ""
+
+
 async def test_stream_yields_lines_stderr_and_exit(host: Host) -> None:
     lines = [line async for line in host.stream_lines(["sh", "-c", "echo a; echo b >&2; echo c; exit 5"])]
     assert [x for x in lines if not x.startswith("\x00")] == ["a", "c"]

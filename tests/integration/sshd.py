@@ -5,7 +5,8 @@ UsePAM=no, StrictModes=no. As root it logs in a non-root user `tdtest` (created 
 '*' so sshd does not call it locked) and lets that user traverse to this venv's python; as another user it
 logs in that same user. Skipped when /usr/sbin/sshd is absent. Import the fixtures into a test module:
 `from tests.integration.sshd import sshd, ssh_tmp  # noqa: F401`. `running_sshd()` starts another one (a jump
-host, or a server a test may break), with its own keys and port.
+host, or a server a test may break), with its own keys and port; `sshd_fish` and `sshd_tcsh` log in users
+`tdtest-fish` and `tdtest-tcsh` whose login shells are fish and tcsh (root only).
 """
 
 from __future__ import annotations
@@ -107,24 +108,28 @@ def _keygen(path: Path) -> str:
     return (path.with_suffix(".pub")).read_text().strip()
 
 
-def _prepare_user() -> str:
+def _prepare_user(login_shell: str | None = None) -> str:
+    """The user sshd lets in: `tdtest` (login shell /bin/sh), or `tdtest-<shell>` whose login shell is
+    `login_shell` (made when missing; root only, the caller skips otherwise)."""
     if os.geteuid() != 0:
         return getpass.getuser()
-    if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", TEST_USER], check=True, capture_output=True)
-    subprocess.run(["usermod", "-p", "*", TEST_USER], check=True, capture_output=True)
+    user = TEST_USER if login_shell is None else f"{TEST_USER}-{Path(login_shell).name}"
+    shell = login_shell or "/bin/sh"
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-m", "-s", shell, user], check=True, capture_output=True)
+    subprocess.run(["usermod", "-p", "*", "-s", shell, user], check=True, capture_output=True)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     probe = [sys.executable, "-c", "import aiohttp, app.sim.sglang"]
-    if subprocess.run(["runuser", "-u", TEST_USER, "--", *probe], capture_output=True, cwd="/").returncode != 0:
+    if subprocess.run(["runuser", "-u", user, "--", *probe], capture_output=True, cwd="/").returncode != 0:
         # Let the test user reach this venv's python (e.g. a pyenv under /root): traverse only, no listing.
         for folder in [*Path(os.path.realpath(sys.executable)).parents, *Path(sys.prefix).parents]:
             if folder.stat().st_mode & 0o001:
                 continue
             if shutil.which("setfacl"):
-                subprocess.run(["setfacl", "-m", f"u:{TEST_USER}:x", str(folder)], check=True)
+                subprocess.run(["setfacl", "-m", f"u:{user}:x", str(folder)], check=True)
             else:
                 folder.chmod(folder.stat().st_mode | 0o001)
-    return TEST_USER
+    return user
 
 
 def sshd_available() -> bool:
@@ -132,12 +137,13 @@ def sshd_available() -> bool:
 
 
 @contextlib.contextmanager
-def running_sshd(log_level: str = "ERROR") -> Iterator[Sshd]:
+def running_sshd(log_level: str = "ERROR", login_shell: str | None = None) -> Iterator[Sshd]:
     """Start sshd on a free loopback port (and the test user); stop it and remove its files afterwards.
 
     `log_level` VERBOSE makes sshd log each connection and login to `folder / "sshd.log"` (tests count them).
+    `login_shell` (root only): log in a user whose login shell is that one (/usr/bin/fish), made when missing.
     """
-    user = _prepare_user()
+    user = _prepare_user(login_shell)
     folder = Path(tempfile.mkdtemp(prefix="tunedash-sshd-"))
     folder.chmod(0o755)
     host_pub = _keygen(folder / "host_key")
@@ -187,6 +193,29 @@ def sshd() -> Iterator[Sshd]:
         pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
     with running_sshd() as server:
         yield server
+
+
+def _login_shell_sshd(shell: str) -> Iterator[Sshd]:
+    if not sshd_available():
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    if os.geteuid() != 0:
+        pytest.skip(f"making a test user whose login shell is {shell} needs root")
+    if not Path(shell).exists():
+        pytest.skip(f"{shell} is not installed (apt-get install {Path(shell).name})")
+    with running_sshd(login_shell=shell) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sshd_fish() -> Iterator[Sshd]:
+    """An sshd whose user `tdtest-fish` has fish as its login shell (it parses quotes unlike POSIX shells)."""
+    yield from _login_shell_sshd("/usr/bin/fish")
+
+
+@pytest.fixture(scope="session")
+def sshd_tcsh() -> Iterator[Sshd]:
+    """An sshd whose user `tdtest-tcsh` has tcsh, a csh, as its login shell."""
+    yield from _login_shell_sshd("/usr/bin/tcsh")
 
 
 @pytest.fixture

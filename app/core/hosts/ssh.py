@@ -1,8 +1,11 @@
 """SshHost: the host interface over one persistent asyncssh connection per host, with reconnects.
 
-Every command is an argv list, quoted with shlex.join here and only here; the remote login shell parses
-that one quoted string, so no user value is ever interpreted. `extra_env` (the simulated host's PATH,
-TUNEDASH_SIM_STATE, PYTHONPATH) and per-call env travel as `env K=V ... argv`.
+Every command is an argv list, quoted with shlex.join here and only here, into a script for a fixed /bin/sh.
+The exec request itself is always LOGIN_COMMAND, which the user's login shell (sh, bash, zsh, fish, csh, tcsh:
+whatever it is) parses the same way; the script goes to that /bin/sh on the channel's stdin, so no login shell
+ever sees a value (docs/decisions.md#ssh-commands-through-a-fixed-binsh). `extra_env` (the simulated host's PATH,
+TUNEDASH_SIM_STATE, PYTHONPATH) and per-call env travel as `env K=V ... argv`; a command's own input is a quoted
+value in the script too, piped to it by /bin/sh.
 
 Streams: one channel per stream on the same connection. The remote command runs under a small `sh` watchdog
 that kills the command's process group (sshd makes each session its own group) when the channel's stdin
@@ -55,6 +58,10 @@ from app.core.hosts.ssh_trust import (
 # closed or connection gone), signals the whole process group. Its own output goes nowhere, so it never
 # keeps the channel open after the command exits.
 WATCHDOG = 'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM 0) >/dev/null 2>&1 </dev/null & exec "$@" </dev/null 3<&-'
+# What every exec request asks the login shell to run: three plain words, the same in every shell, no quote,
+# backslash, `$`, `!` or glob. /bin/sh then reads the script from stdin; it may read ahead (dash reads blocks),
+# so nothing but the script is ever written there: a stream's watchdog sees only the EOF.
+LOGIN_COMMAND = "exec /bin/sh -s"
 READ_CHUNK = 65536  # stream_lines reads the channel in chunks this size; LineCutter makes the lines
 BACKOFF_S = (1.0, 30.0)
 FINAL = (HostKeyChanged, HostKeyUnknown, LoginRefused)  # a retry cannot fix these: "failed", no more attempts
@@ -229,11 +236,20 @@ class SshHost(Host):
 
     # ---- commands --------------------------------------------------------------------------------
     def _command(self, argv: Sequence[str], env: Mapping[str, str] | None) -> str:
+        """argv (after `env K=V ...` when there is env) as one POSIX-quoted command line, for /bin/sh alone."""
         merged = dict(self._extra_env)
         if env:
             merged.update(env)
         prefix = ["env", *(f"{key}={value}" for key, value in merged.items())] if merged else []
         return shlex.join([*prefix, *argv])
+
+    @staticmethod
+    def _script(command: str, input_text: str | None = None) -> str:
+        """The script LOGIN_COMMAND's /bin/sh reads: `command` replaces it (its exit status, its signals), fed
+        `input_text` (quoted, exact to the byte) through a pipe when there is one."""
+        if input_text is None:
+            return f"exec {command}\n"
+        return f"printf %s {shlex.quote(input_text)} | exec {command}\n"
 
     def _lost(self, exc: BaseException) -> HostError:
         return HostError(f"{self.name}: connection problem ({type(exc).__name__}: {exc}); tunedash reconnects")
@@ -248,7 +264,8 @@ class SshHost(Host):
     ) -> CommandResult:
         conn = await self._connection()
         try:
-            result = await conn.run(self._command(argv, env), input=input_text, timeout=timeout, check=False)
+            script = self._script(self._command(argv, env), input_text)
+            result = await conn.run(LOGIN_COMMAND, input=script, timeout=timeout, check=False)
         except asyncssh.TimeoutError:
             raise HostError(f"{self.name}: `{' '.join(argv)}` did not finish within {timeout} s") from None
         except (asyncssh.Error, OSError) as exc:
@@ -262,7 +279,8 @@ class SshHost(Host):
         conn = await self._connection()
         command = shlex.join(["sh", "-c", WATCHDOG, "sh"]) + " " + self._command(argv, env)
         try:
-            proc = await conn.create_process(command, encoding=None)
+            proc = await conn.create_process(LOGIN_COMMAND, encoding=None)
+            proc.stdin.write(self._script(command).encode())  # no EOF: the watchdog waits for it
         except (asyncssh.Error, OSError) as exc:
             raise self._lost(exc) from None
         queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
