@@ -19,6 +19,7 @@ from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CliError,
     exit_code,
     load_profile,
     run_command,
@@ -26,6 +27,8 @@ from app.cli.common import (
     with_take_over,
 )
 from app.core.errors import TunedashError
+from app.core.flags.catalog import is_tuning_flag
+from app.core.flags.values import lookup_flag
 from app.core.hosts.base import HostError
 from app.core.profiles.loading import find_profiles, resolve_profile
 from app.core.profiles.types import ProfileError
@@ -52,12 +55,34 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _untuned_overrides(args: argparse.Namespace, backend: str) -> str | None:
+    """The first `--set`/`--unset` flag outside the catalog's tuning flags, as the refusal (ui --tuning-flags-only)."""
+    from app.tui.commands import untuned_flag_message
+
+    for item in [*(getattr(args, "set", None) or []), *(getattr(args, "unset", None) or [])]:
+        head, dot, key = item.partition("=")[0].strip().lstrip("-").partition(".")
+        spec = lookup_flag(backend, head)
+        name = (spec.name if spec is not None else head) + (f".{key}" if dot else "")
+        if not is_tuning_flag(backend, name):
+            return untuned_flag_message(name)
+    return None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from app.tui.app import create_app
 
+    watching = getattr(args, "watch", False)
+    if args.probe and (args.readonly or watching):
+        raise CliError("--probe loads the server, which a dashboard opened with --readonly or --watch never does; "
+                       "leave --probe out (a --watch dashboard turns the probe on with p once T took over)")
     profile = load_profile(args)
+    tuning_flags_only = getattr(args, "tuning_flags_only", False)
+    refused = _untuned_overrides(args, profile.backend) if tuning_flags_only else None
+    if refused:
+        raise CliError(refused)
     app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False),
-                     take_over=getattr(args, "take_over", False), watching=getattr(args, "watch", False))
+                     take_over=getattr(args, "take_over", False), watching=watching,
+                     tuning_flags_only=tuning_flags_only)
     app.run()
     return EXIT_OK
 
@@ -92,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     with_take_over(p, "drive a server someone else drives (their dashboard turns read-only)")
     p.add_argument("--watch", action="store_true",
                    help="start read-only without taking the driver lock; T takes it over (each `serve` tab)")
+    p.add_argument("--tuning-flags-only", action="store_true",
+                   help="offer only the catalog's tuning flags (serve's tabs)")
     _with_overrides(p)
     p.set_defaults(func=cmd_ui)
 

@@ -301,3 +301,19 @@ class RelaunchMarker:
 
     at: float
     text: str
+
+
+CONTROL_CHARACTERS = frozenset([*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)])
+"""C0, DEL and C1: the code points a terminal may act on (ESC starts a sequence, BEL ends one, 0x9B is CSI)."""
+_VISIBLE = {code: f"\\x{code:02x}" for code in CONTROL_CHARACTERS}
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written out visibly (ESC as `\\x1b`), so a value read from a profile, a
+    record or a host never reaches the terminal as a control sequence; anything else is unchanged."""
+    return text.translate(_VISIBLE)
+
+
+def first_control_character(text: str) -> int | None:
+    """The index of the first control character in `text` (CONTROL_CHARACTERS), or None."""
+    return next((i for i, ch in enumerate(text) if ord(ch) in CONTROL_CHARACTERS), None)

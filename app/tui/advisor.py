@@ -31,6 +31,14 @@ class AdvisorKeys(BenchKeys):
     def _push_flags(self) -> None:
         """The Flags panel now (TunedashApp's)."""
 
+    def refusal(self, action: str, parameters: tuple[object, ...] = ()) -> str | None:
+        """Why the dashboard refuses `action` now, or None (TunedashApp's check_action rule)."""
+        return None
+
+    def flag_refusal(self, name: str) -> str | None:
+        """Why flag `name` may not be changed here, or None (TunedashApp's)."""
+        return None
+
     def action_advise(self) -> None:
         if not self._server_ready("the advisor"):
             return
@@ -62,9 +70,17 @@ class AdvisorKeys(BenchKeys):
         session = self.session
         running = session.profile
         fixes = advice.pending()
-        for name, value in fixes.items():
+        kept = {name: value for name, value in fixes.items() if self.flag_refusal(name) is None}
+        refused = next((self.flag_refusal(name) for name in fixes if name not in kept), None)
+        if choice == "ab":
+            refused = self.refusal("ab") or refused
+        if refused:  # a read-only dashboard, or a fix outside the tuning flags: said, and nothing half done
+            self.notify(refused, severity="warning")
+            if choice == "ab" or not kept:
+                return
+        for name, value in kept.items():
             session.set_pending_flag(name, value)
-        session.note(f"advisor: applied as pending: {fix_text(fixes)} (r relaunches)")
+        session.note(f"advisor: applied as pending: {fix_text(kept)} (r relaunches)")
         self._push_flags()
         if choice == "ab":
             self.baseline = running

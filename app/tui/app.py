@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import platformdirs
+from textual import events
+from textual.actions import parse as parse_action
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -24,13 +26,14 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Header
 
-from app.core.data import ConnectionState, ServerState
+from app.core.data import ConnectionState, ServerState, printable
+from app.core.flags.catalog import is_tuning_flag
 from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.tui.advisor import AdvisorKeys
-from app.tui.commands import FlagCommands
+from app.tui.commands import FlagCommands, untuned_flag_message
 from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
 from widgets import (
     ConfirmModal,
@@ -59,6 +62,17 @@ docs/decisions.md#ui-push-rate."""
 KEYMAP_FILE = Path(platformdirs.user_config_dir("tunedash")) / "keys.toml"
 THEME_FILE = Path(platformdirs.user_config_dir("tunedash")) / "theme.toml"
 """The theme chosen in the palette (Textual's "Theme" command), kept for the next start: `theme = "nord"`."""
+WATCHER_REFUSES = {
+    "bench": "a benchmark (b) loads the server and writes the history",
+    "ab": "an A/B (a) relaunches the server and writes the history",
+    "probe": "the probe (p) loads the server",
+    "export_events": "export (x) writes a file",
+    "press_toggle": "flag changes",
+}
+"""What a watching dashboard (`--readonly`, or `--watch` until T) refuses, and why: nothing that loads the server,
+writes the owner's files or config, or answers a trust prompt (docs/decisions.md#read-only-is-read-only)."""
+DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "confirm_free": "confirm free"}
+"""Keys that signal or launch: refused in every read-only session (one that watches, or one another session drives)."""
 FOOTER_RANK = ("bench", "mark_baseline", "ab", "log", "probe", "diff", "undo", "advise", "history", "confirm_free")
 """The footer's keys after help, quit, relaunch, kill and the toggles, most needed first (see _rank_footer_keys)."""
 
@@ -99,8 +113,9 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
     ]
 
     def __init__(self, session: Session, *, keymap_file: Path | None = KEYMAP_FILE, fleet: bool = False,
-                 theme_file: Path | None = None) -> None:
+                 theme_file: Path | None = None, tuning_flags_only: bool = False) -> None:
         super().__init__()
+        self.tuning_flags_only = tuning_flags_only  # `ui --tuning-flags-only` (serve's tabs): catalog.TUNING_FLAGS
         self.theme_file = theme_file  # None: the default theme, and a theme chosen is not kept
         self.fleet = fleet  # opened from `tunedash fleet`: Escape goes back to it (app/tui/fleet.py)
         self.back_to_fleet = False  # set when Escape ended the app, so the fleet shows again
@@ -117,6 +132,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._keymap: dict[str, str] = {}
+        self._refusing: object = None  # what check_action's answers depend on, when the footer last asked
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -173,6 +189,10 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
     def _save_theme(self, theme: object) -> None:
         name = getattr(theme, "name", None)
         if self.theme_file is None or not isinstance(name, str):
+            return
+        if self.watching_only:
+            self.notify(f"{name} for this dashboard only: a read-only dashboard does not write {self.theme_file}",
+                        title="theme not kept", timeout=4)
             return
         try:
             self.theme_file.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +259,10 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
             alarm = session.acceptance.alarm  # in words, never in colour only (NO_COLOR)
             accept = f" · {alarm.header()}" if alarm is not None else ""
             self.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
+            refusing = (session.readonly, self.watching_only, session.probe_wanted)
+            if refusing != self._refusing:  # driving or watching changed: the footer asks check_action again
+                self._refusing = refusing
+                self.refresh_bindings()
 
     # ---- core events ---------------------------------------------------------------------------
     def _on_session_event(self, event: LifecycleEvent) -> None:
@@ -288,7 +312,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                 break
             new.append(event)
         self._last_event = events[-1]
-        self.query_one(EventLog).extend(EventEntry(e.at, e.text, e.level) for e in reversed(new))
+        self.query_one(EventLog).extend(EventEntry(e.at, printable(e.text), e.level) for e in reversed(new))
 
     def _push_flags(self) -> None:
         try:
@@ -326,16 +350,70 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         (a `serve` tab) while the lock is free."""
         session = self.session
         if session.driven_by:
-            return f" · {session.driven_by} drives"
+            return f" · {printable(session.driven_by)} drives"
         return " · nobody drives" if session.watching else ""
 
     def _take_over_hint(self) -> str:
         """" · T takes over" while this read-only dashboard may take the driver lock (not with --readonly)."""
         return f" · {self._keymap.get('take_over', 'T')} takes over" if self.session.can_take_over else ""
 
+    @property
+    def watching_only(self) -> bool:
+        """Whoever sits at this dashboard only watches: opened with --readonly, or with --watch (a `serve` tab) while
+        it does not drive. Nothing that loads the server, writes the owner's files or config, or trusts a host key."""
+        session = self.session
+        return session.watch_only or (session.watching and session.readonly)
+
+    def _how_to_drive(self) -> str:
+        """"; T takes over", or how to drive a dashboard opened with --readonly."""
+        if self.session.watch_only:
+            return "; opened with --readonly: drive from a dashboard opened without it"
+        return self._take_over_hint().replace(" · ", "; ", 1)
+
+    def refusal(self, action: str, parameters: tuple[object, ...] = ()) -> str | None:
+        """Why this dashboard refuses `action` now (its toast), or None when it may run: check_action's one rule."""
+        session = self.session
+        if action in DRIVER_ONLY and session.readonly:
+            return f"read-only session: {DRIVER_ONLY[action]} is disabled{self._how_to_drive()}"
+        if action == "probe" and session.probe_wanted:
+            return None  # turning the probe off never loads anything
+        if action in WATCHER_REFUSES and self.watching_only:
+            return f"read-only: {WATCHER_REFUSES[action]}, so it is off here{self._how_to_drive()}"
+        if action == "ab" and session.readonly:
+            return f"read-only session: A/B relaunches the server, so it is disabled{self._how_to_drive()}"
+        if action == "press_toggle" and parameters and self.tuning_flags_only:
+            toggle = session.profile.toggle(str(parameters[0]))
+            for flag in toggle.flags if toggle is not None else ():
+                if not is_tuning_flag(session.profile.backend, flag):
+                    return untuned_flag_message(flag)
+        return None
+
+    def flag_refusal(self, name: str) -> str | None:
+        """Why the palette (or the advisor) may not change flag `name` here, or None (FlagEditor)."""
+        if self.watching_only:
+            return self.refusal("press_toggle", ())
+        if self.tuning_flags_only and not is_tuning_flag(self.session.profile.backend, name):
+            return untuned_flag_message(name)
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Textual asks before a key, a click or the palette runs an action, and when it draws the footer: a refused
+        action shows dimmed there and does not run (on_key says why)."""
+        return None if self.refusal(action, parameters) else True
+
+    def on_key(self, event: events.Key) -> None:
+        """A key of this dashboard that check_action turned off: say why (Textual itself ignores it silently)."""
+        active = self.screen.active_bindings.get(event.key)
+        if active is None or active.enabled or active.node is not self:
+            return
+        _, action, parameters = parse_action(active.binding.action)
+        text = self.refusal(action, parameters)
+        if text:
+            self.notify(text, severity="warning")
+
     def _refuse(self, text: str) -> None:
         """The toast of a key that needs the driver in a read-only dashboard, with the take-over key."""
-        self.notify(f"{text}{self._take_over_hint().replace(' · ', '; ', 1)}", severity="warning")
+        self.notify(f"{text}{self._how_to_drive()}", severity="warning")
 
     def _command(self, name: str, factory: object) -> None:
         try:
@@ -355,7 +433,11 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self.call_after_refresh(self.notify, f"pending: {text}", timeout=2)
 
     def on_flags_panel_toggle_requested(self, message: FlagsPanel.ToggleRequested) -> None:
-        """A click on a flag row does what pressing its key does."""
+        """A click on a flag row does what pressing its key does (and is refused as the key is)."""
+        text = self.refusal("press_toggle", (message.key,))
+        if text:
+            self.notify(text, severity="warning")
+            return
         self.action_press_toggle(message.key)
 
     def on_gpu_panel_selected(self, message: GpuPanel.Selected) -> None:
@@ -371,9 +453,6 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self._command("relaunch", self.session.relaunch)
 
     def action_kill(self) -> None:
-        if self.session.readonly:
-            self._refuse("read-only session: kill is disabled")
-            return
         record = self.session.view().record
         detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
 
@@ -395,7 +474,9 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self.refresh_view()
 
     def action_diff(self) -> None:
-        self.push_screen(DiffScreen(self.session.running_argv(), self.session.pending_argv()))
+        # the argv as words to read: a value's control characters written out (app.core.data.printable)
+        self.push_screen(DiffScreen([printable(word) for word in self.session.running_argv()],
+                                    [printable(word) for word in self.session.pending_argv()]))
 
     def action_log(self) -> None:
         self._log_screen = LogViewScreen(list(self.session.log_lines), title="server log")
@@ -418,9 +499,15 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
             yield DashboardCommand("escape", "Fleet", "back to the fleet (the server keeps running)", "back_to_fleet")
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
-        """Every dashboard command is also in the command palette (ctrl+p), after Textual's own."""
-        yield from super().get_system_commands(screen)
+        """Every dashboard command is also in the command palette (ctrl+p), after Textual's own; those refused now
+        (check_action) are left out, and so is Textual's Screenshot while watching (it writes a file)."""
+        for system in super().get_system_commands(screen):
+            if not (self.watching_only and system.title == "Screenshot"):
+                yield system
         for command in self.dashboard_commands():
+            _, action, parameters = parse_action(command.action)
+            if self.refusal(action, parameters):
+                continue
             # "· key r", not "[r]": the palette reads square brackets as markup ([r] is a reverse style)
             yield SystemCommand(f"{command.title} · key {command.key}", command.help,
                                 partial(self.run_action, command.action))
@@ -460,7 +547,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
             answered(True)
             return
         self.push_screen(ConfirmModal(f"Take over {session.profile.name}?",
-                                      f"{session.driven_by} drives it now; their dashboard turns read-only.",
+                                      f"{printable(session.driven_by)} drives it now; their dashboard turns read-only.",
                                       yes_label="Take over"), answered)
 
     async def _take_over(self) -> None:
@@ -502,8 +589,10 @@ def create_app(
     keymap_file: Path | None = KEYMAP_FILE,
     fleet: bool = False,
     theme_file: Path | None = THEME_FILE,
+    tuning_flags_only: bool = False,
 ) -> TunedashApp:
-    """The one factory for the dashboard (CLI and tests); `fleet`: opened from the fleet (Escape goes back)."""
+    """The one factory for the dashboard (CLI and tests); `fleet`: opened from the fleet (Escape goes back);
+    `tuning_flags_only`: flags are changed only among the catalog's tuning flags (each `tunedash serve` tab)."""
     if session is None:
         if host is None:
             from app.connect import host_for
@@ -511,8 +600,9 @@ def create_app(
             host = host_for(profile)
         session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch, take_over=take_over,
                           watching=watching)
-    app = TunedashApp(session, keymap_file=keymap_file, fleet=fleet, theme_file=theme_file)
+    app = TunedashApp(session, keymap_file=keymap_file, fleet=fleet, theme_file=theme_file,
+                      tuning_flags_only=tuning_flags_only)
     from app.tui.trust import install_trust_prompt  # an unknown SSH host key: ask in a ConfirmModal
 
-    install_trust_prompt(app, session.host)
+    install_trust_prompt(app, session.host, asks=lambda: not app.watching_only)
     return app

@@ -281,10 +281,7 @@ class BenchKeys(App[None]):
 
     # ---- a ---------------------------------------------------------------------------------------
     def action_ab(self) -> None:
-        session = self.session
-        if session.readonly:
-            self.notify("read-only session: A/B relaunches the server, so it is disabled", severity="warning")
-            return
+        session = self.session  # refused in a read-only session (TunedashApp.check_action)
         if session.busy:
             self.notify(f"busy: {session.busy}", severity="warning")
             return

@@ -216,6 +216,35 @@ async def test_a_declined_host_key_is_not_asked_again(
     assert not (home / ".ssh" / "known_hosts").exists()
 
 
+@pytest.mark.parametrize("readonly", [True, False], ids=["readonly", "watch"])
+async def test_a_watching_dashboard_never_answers_an_unknown_host_key(
+    sshd: Sshd,  # noqa: F811
+    ssh_tmp: Path,  # noqa: F811
+    ssh_profile: Callable[..., Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    readonly: bool,
+) -> None:
+    """`ui --readonly`, and a `serve` tab (--watch) before T: no trust prompt, nothing written to known_hosts; the
+    connection fails saying the key is unknown and to run `tunedash trust HOST`."""
+    home = sshd.make_home(ssh_tmp / "home", trusted=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    profile = resolve_profile(str(ssh_profile(name="remote-watch")))
+    app = create_app(profile, readonly=readonly, watching=True, keymap_file=None, theme_file=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.session.connection is not None or isinstance(app.screen, ConfirmModal), 15,
+                    "a connection state")
+        for _ in range(30):  # telemetry, the job record and flag discovery keep calling the host: none asks
+            await pilot.pause(0.1)
+            assert not isinstance(app.screen, ConfirmModal), "a watching dashboard asked to trust a host key"
+        assert app.session.connection is not None and app.session.connection.state == "failed"
+        assert f"tunedash trust {sshd.spec}" in app.session.connection.detail
+        assert "read-only dashboard never adds a host key" in app.session.connection.detail
+        await pilot.press("q")
+    await closed(app)
+    assert not (home / ".ssh" / "known_hosts").exists()
+
+
 async def test_connection_loss_shows_each_gpu_row_stale_with_its_age(remote: Profile, sshd: Sshd) -> None:  # noqa: F811
     app = create_app(remote, keymap_file=None)
     try:

@@ -252,3 +252,45 @@ def release_tuple(version: str | None) -> tuple[int, ...] | None:
             break
         parts.append(int(digits))
     return tuple(parts) or None
+
+
+# ---- the tuning flags: what a tab of `tunedash serve` may change (`ui --tuning-flags-only`) ------------------
+# Speed knobs only: speculation, CUDA graphs and compilation, overlap, prefill chunking, memory and batch caps,
+# kernels and communication on the GPUs the profile already names. Left out on purpose: anything that names
+# code or data to fetch or run (trust-remote-code, model/tokenizer/draft paths and repos, load formats, config
+# files, whole JSON tables that may name a module or a model), and anything that changes what or where the
+# server serves (host, port, GPUs, parallel sizes, model dtype and length, seeds, logging). A JSON flag is
+# allowed key by key, as a dotted name ("speculative-config.num_speculative_tokens").
+SGLANG_TUNING_FLAGS = frozenset({
+    "speculative-algorithm", "speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens",
+    "disable-overlap-schedule", "enable-single-batch-overlap", "enable-two-batch-overlap",
+    "disable-cuda-graph", "cuda-graph-max-bs", "cuda-graph-bs", "enable-piecewise-cuda-graph",
+    "disable-piecewise-cuda-graph", "enforce-piecewise-cuda-graph", "piecewise-cuda-graph-max-tokens",
+    "piecewise-cuda-graph-tokens", "piecewise-cuda-graph-compiler", "debug-cuda-graph", "enable-torch-compile",
+    "torch-compile-max-bs", "cuda-graph-backend-decode", "cuda-graph-backend-prefill", "cuda-graph-max-bs-decode",
+    "cuda-graph-max-bs-prefill", "cuda-graph-bs-decode", "cuda-graph-bs-prefill", "disable-prefill-cuda-graph",
+    "disable-decode-cuda-graph",
+    "chunked-prefill-size", "mem-fraction-static", "max-running-requests", "page-size", "kv-cache-dtype",
+    "attention-backend", "disable-radix-cache", "enable-dp-attention",
+    "enable-flashinfer-allreduce-fusion", "enforce-disable-flashinfer-allreduce-fusion",
+    "flashinfer-allreduce-fusion-backend", "enable-nccl-nvls", "enable-symm-mem",
+    "max-mamba-cache-size", "mamba-ssm-dtype", "mamba-full-memory-ratio", "mamba-scheduler-strategy",
+    "mamba-radix-cache-strategy", "mamba-track-interval", "mamba-backend",
+    "decode-log-interval",
+})
+VLLM_TUNING_FLAGS = frozenset({
+    "speculative-config.method", "speculative-config.num_speculative_tokens", "spec-method", "spec-tokens",
+    "enforce-eager", "compilation-config.cudagraph_mode", "compilation-config.mode", "compilation-config.level",
+    "compilation-config.cudagraph_capture_sizes", "compilation-config.max_cudagraph_capture_size",
+    "optimization-level", "performance-mode", "cudagraph-capture-sizes", "max-cudagraph-capture-size",
+    "gpu-memory-utilization", "kv-cache-memory-bytes", "swap-space", "kv-cache-dtype", "max-num-seqs",
+    "max-num-batched-tokens", "enable-prefix-caching", "async-scheduling",
+})
+TUNING_FLAGS: dict[str, frozenset[str]] = {"sglang": SGLANG_TUNING_FLAGS, "vllm": VLLM_TUNING_FLAGS}
+"""Per backend, the flags (canonical names; a JSON flag's keys dotted) a tuning-only dashboard may change; the
+`custom` backend has none (its flags are free-form)."""
+
+
+def is_tuning_flag(backend: str, name: str) -> bool:
+    """Whether `name` (canonical, or dotted for one key of a JSON flag) is one of `backend`'s tuning flags."""
+    return name in TUNING_FLAGS.get(backend, frozenset())

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from app.core.data import BACKENDS, FlagValue
+from app.core.data import BACKENDS, FlagValue, first_control_character, printable
 from app.core.flags.catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagSpec
 
 CUSTOM = "custom"
@@ -155,8 +155,18 @@ def _int_list(text: str) -> str:
     return " ".join(items)
 
 
+def _refuse_control_characters(text: str) -> None:
+    """Typed text (`--set`, the palette) holding a control character is refused: on screen it would be a command."""
+    index = first_control_character(text)
+    if index is not None:
+        raise FlagError(f"the value holds a control character ({printable(text[index])} at character {index + 1}), "
+                        "which a terminal would act on; type the value without it")
+
+
 def parse_value(spec: FlagSpec, text: str) -> FlagValue:
-    """Parse command-line text ("--set FLAG=TEXT") for `spec`: booleans take true/false, JSON takes JSON text."""
+    """Parse command-line text ("--set FLAG=TEXT") for `spec`: booleans take true/false, JSON takes JSON text.
+    Text holding a control character is refused (a FlagError)."""
+    _refuse_control_characters(text)
     if spec.kind == "bool":
         lowered = text.strip().lower()
         if lowered in ("true", "false"):
@@ -193,7 +203,9 @@ def _free_value(text: str) -> FlagValue:
 
 
 def parse_json_scalar(text: str) -> Any:
-    """A JSON sub-key's value from command-line text: JSON when it parses (3, true, null, {...}), else the text."""
+    """A JSON sub-key's value from command-line text: JSON when it parses (3, true, null, {...}), else the text.
+    Text holding a control character is refused (a FlagError)."""
+    _refuse_control_characters(text)
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -216,7 +228,8 @@ def render_flag(spec: FlagSpec, value: FlagValue) -> list[str]:
 
 
 def format_value(value: object) -> str:
-    """A value for display: on/off for booleans, compact JSON for tables, "unset" for None."""
+    """A value for display: on/off for booleans, compact JSON for tables, "unset" for None; control characters
+    written out visibly (`printable`), whatever file or host the value came from."""
     if value is None:
         return "unset"
     if value is True:
@@ -224,8 +237,8 @@ def format_value(value: object) -> str:
     if value is False:
         return "off"
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+        return json.dumps(value, separators=(",", ":"))  # JSON writes control characters as \u escapes
+    return printable(str(value))
 
 
 def get_flag(flags: Mapping[str, FlagValue], name: str) -> FlagValue | None:
