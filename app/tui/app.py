@@ -333,7 +333,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
             return
         lines = list(self.session.log_lines)
         if len(lines) > self._log_shown:
-            self._log_screen.add_lines(lines[self._log_shown:])
+            self._log_screen.add_lines([printable(line) for line in lines[self._log_shown:]])
             self._log_shown = len(lines)
 
     # ---- actions ---------------------------------------------------------------------------------
@@ -479,7 +479,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                                     [printable(word) for word in self.session.pending_argv()]))
 
     def action_log(self) -> None:
-        self._log_screen = LogViewScreen(list(self.session.log_lines), title="server log")
+        self._log_screen = LogViewScreen([printable(line) for line in self.session.log_lines], title="server log")
         self._log_shown = len(self.session.log_lines)
         self.push_screen(self._log_screen)
 

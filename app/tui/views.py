@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from app.core.data import FlagValue, ServerState, ThroughputPoint
+from app.core.data import FlagValue, ServerState, ThroughputPoint, printable
 from app.core.flags.toggles import toggle_value
 from app.core.hosts.base import ConnectionChanged
 from app.core.measure.probe import ProbeStatus
@@ -29,11 +29,12 @@ def server_view(life: LifecycleView, version: str | None, now_s: int) -> ServerV
         uptime_s=(now_s - int(record.launched_at)) if record and live else None,
         backend=profile.backend,
         version=version,
-        model=profile.model,
+        model=printable(profile.model),  # the server's own words and the profile's, control characters written out
         phase_times=life.phase_times,
-        notices=tuple(n.text for n in life.notices[-4:]),
-        fatal=fatal.text if fatal and life.state == ServerState.CRASHED else None,
-        last_lines=life.last_lines[-8:] if life.state == ServerState.CRASHED else (),
+        notices=tuple(printable(n.text) for n in life.notices[-4:]),
+        fatal=printable(fatal.text) if fatal and life.state == ServerState.CRASHED else None,
+        last_lines=tuple(printable(line) for line in life.last_lines[-8:]) if life.state == ServerState.CRASHED
+        else (),
         holders=tuple(life.holders),
     )
 

@@ -237,6 +237,12 @@ async def test_control_characters_in_values_are_written_out_on_screen_and_refuse
         await shows(pilot, app, "\\x1b]0;pwned\\x07")
         assert "\x1b" not in terminal_sees(app)
         await pilot.press("escape")
+        # the server log (`l`): a line echoing the value
+        app.session.log_lines.append(f"server_args tokenizer={PWNED}")
+        await pilot.press("l")
+        await shows(pilot, app, "tokenizer=\\x1b]0;pwned\\x07")
+        assert "\x1b" not in terminal_sees(app)
+        await pilot.press("escape")
 
         # typed in the palette: refused, saying why; the pending value stays
         await pilot.press("ctrl+p", *"--served-model")
