@@ -1,4 +1,6 @@
-"""`tunedash serve` in real headless Chromium: the page, the token, a read-only tab, take-over, closing the tab.
+"""`tunedash serve` in real headless Chromium: the page, the token (it reaches no other port of the host), a
+read-only tab, take-over, closing the tab, a tab whose dashboard dies, tabs dying with a serve killed hard, and a
+page that asks nothing of the internet.
 
 Debian's chromium and chromium-driver drive the page through selenium (no download at run time; .ci/run
 installs both). The dashboard's screen is a canvas, so a script added before the page loads keeps each xterm.js
@@ -16,12 +18,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.client import HTTPConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +76,14 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def dashboards_under(pid: int) -> set[int]:
@@ -138,7 +150,7 @@ def serving(make_profile: MakeProfile, tmp_path: Path) -> Iterator[Serving]:
             if "open http" in line:
                 break
         url = next((line.split("open ", 1)[1].strip() for line in lines if "open http" in line), "")
-        assert url.startswith(f"http://127.0.0.1:{port}/?token="), "".join(lines)
+        assert url.startswith(f"http://127.0.0.1:{port}/t/") and url.endswith("/"), "".join(lines)
         yield Serving(process, url, port, profile, env)
     finally:
         stop_group(process)
@@ -155,6 +167,7 @@ def chromium(tmp_path: Path) -> Iterator[Any]:
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900",
                      f"--user-data-dir={tmp_path / 'chromium'}", "--no-first-run", "--disable-extensions"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
     browser = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     try:
         yield browser
@@ -201,38 +214,131 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
         return exc.code
 
 
+def token_of(serving: Serving) -> str:
+    return serving.url.rstrip("/").rsplit("/", 1)[1]
+
+
 def test_token_is_required_for_page_static_and_websocket(serving: Serving) -> None:
     base = f"http://127.0.0.1:{serving.port}"
-    token = serving.url.split("token=", 1)[1]
+    token = token_of(serving)
     assert http_status(f"{base}/") == 403
-    assert http_status(f"{base}/?token=not-{token}") == 403
+    assert http_status(f"{base}/t/not-{token}/") == 403
+    assert http_status(f"{base}/?token={token}") == 403  # the old form opens nothing
     assert http_status(f"{base}/static/js/textual.js") == 403
     websocket = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
                  "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
     assert http_status(f"{base}/ws", websocket) == 403
-    assert http_status(f"{base}/ws", {**websocket, "Cookie": f"tunedash_serve_{serving.port}=wrong"}) == 403
+    assert http_status(f"{base}/t/{token[:-1]}/ws", websocket) == 403
+    assert http_status(f"{base}/ws", {**websocket, "Cookie": f"tunedash_serve_{serving.port}={token}"}) == 403
 
-    connection = HTTPConnection("127.0.0.1", serving.port, timeout=10)  # the token once: a cookie, and a clean URL
-    connection.request("GET", f"/?token={token}")
-    answer = connection.getresponse()
-    cookie = answer.getheader("Set-Cookie") or ""
-    assert answer.status == 303 and answer.getheader("Location") == "/", answer.status
-    assert cookie.startswith(f"tunedash_serve_{serving.port}={token};") and "HttpOnly" in cookie, cookie
-    assert "SameSite=Strict" in cookie
-    with_cookie = {"Cookie": cookie.split(";", 1)[0]}
-    assert http_status(f"{base}/static/js/textual.js", with_cookie) == 200
-    assert http_status(f"{base}/", with_cookie) == 200
-    # a WebSocket from another site's page is refused even with the cookie (cross-site WebSocket hijacking)
-    assert http_status(f"{base}/ws", {**websocket, **with_cookie, "Origin": "http://evil.example"}) == 403
+    assert http_status(serving.url) == 200
+    assert http_status(f"{base}/t/{token}/static/js/textual.js") == 200
+    # a WebSocket from another site's page is refused even with the token (cross-site WebSocket hijacking)
+    assert http_status(f"{base}/t/{token}/ws", {**websocket, "Origin": "http://evil.example"}) == 403
     serving.process.send_signal(signal.SIGTERM)  # serving stops; what it printed after the URL has no token
     rest = serving.process.stdout.read() if serving.process.stdout else ""
     assert serving.process.wait(timeout=15) == 0
     assert token not in rest, rest
 
 
+class Recorder(BaseHTTPRequestHandler):
+    """Another web server of this host: keeps the request line and headers of everything it is sent."""
+
+    seen: list[str]
+
+    def do_GET(self) -> None:
+        self.seen.append(f"{self.requestline}\n{self.headers}")
+        body = b"<html><body>another local web server</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def other_server() -> Iterator[tuple[int, list[str]]]:
+    """A second HTTP server on another port of 127.0.0.1; yields its port and what it received."""
+    seen: list[str] = []
+    handler = type("SeenRecorder", (Recorder,), {"seen": seen})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1]), seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_token_never_reaches_another_port_of_the_host(serving: Serving, chromium: Any,
+                                                          other_server: tuple[int, list[str]]) -> None:
+    open_page(chromium, serving.url)
+    wait_for_screen(chromium, lambda s: "READY" in s, 90, "the dashboard in the page")
+    port, seen = other_server
+    for url in (f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/static/js/textual.js",
+                f"http://localhost:{port}/ws"):
+        chromium.get(url)
+        assert "another local web server" in chromium.page_source
+    token = token_of(serving)
+    assert len(seen) >= 3, seen
+    for request in seen:  # no cookie, no Referer: nothing of the dashboard's page reached it
+        assert token not in request and urllib.parse.quote(token) not in request, request
+        assert "cookie:" not in request.lower(), request
+
+
+def requests_of(browser: Any) -> list[str]:
+    """The URLs of every request the browser sent so far (Chromium's performance log; each read drains it)."""
+    urls = []
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(message["params"].get("request", {}).get("url") or message["params"].get("url", ""))
+    return urls
+
+
+def test_the_page_asks_nothing_of_the_internet(serving: Serving, chromium: Any) -> None:
+    open_page(chromium, serving.url)
+    wait_for_screen(chromium, lambda s: "READY" in s, 90, "the dashboard in the page")
+    wait_until(lambda: chromium.execute_script("return document.fonts.check(\"16px 'Roboto Mono'\")"), 15,
+               "the shipped font loaded")
+    urls = requests_of(chromium)
+    assert any(url.endswith("/ws") or "/ws?" in url for url in urls), urls
+    network = [urllib.parse.urlsplit(url) for url in urls]  # chrome://, data: and blob: never leave the browser
+    hosts = {url.hostname for url in network if url.scheme in ("http", "https", "ws", "wss")}
+    assert hosts == {"127.0.0.1"}, urls
+    headers = urllib.request.urlopen(serving.url, timeout=10).headers
+    assert "frame-ancestors 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
+
+
+def test_a_tab_whose_dashboard_dies_says_session_ended(serving: Serving, chromium: Any) -> None:
+    open_page(chromium, serving.url)
+    wait_for_screen(chromium, lambda s: "READY" in s, 90, "the dashboard in the page")
+    (tab,) = wait_until(lambda: dashboards_under(serving.process.pid), 10, "the tab's dashboard process")
+    os.kill(tab, signal.SIGKILL)
+    ended = "return document.body.classList.contains('-closed') && document.body.innerText"
+    text = wait_until(lambda: chromium.execute_script(ended), 20, "the page to say the session ended")
+    assert "Session ended" in text, text
+    assert serving.process.poll() is None  # serving goes on: a reload opens a new dashboard
+    chromium.refresh()
+    wait_for_screen(chromium, lambda s: "READY" in s, 90, "a new dashboard after the reload")
+
+
+def test_tabs_die_with_serve_killed_hard(serving: Serving, chromium: Any) -> None:
+    open_page(chromium, serving.url)
+    wait_for_screen(chromium, lambda s: "READY" in s, 90, "the dashboard in the page")
+    tabs = wait_until(lambda: dashboards_under(serving.process.pid), 10, "the tab's dashboard process")
+    os.kill(serving.process.pid, signal.SIGKILL)
+    serving.process.wait(timeout=10)
+    wait_until(lambda: not any(alive(pid) for pid in tabs), 10, "the tab's dashboard to die with serve",
+               lambda: f"; still running: {[pid for pid in tabs if alive(pid)]}")
+
+
 def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium: Any, tmp_path: Path) -> None:
     open_page(chromium, serving.url)
-    assert "token=" not in chromium.current_url  # the token went into a cookie; the address bar has none
     screen = wait_for_screen(chromium, lambda s: "READY" in s and "READ-ONLY" in s, 90, "READY, read-only")
     assert "T takes over" in screen
     tabs = wait_until(lambda: dashboards_under(serving.process.pid), 10, "the tab's dashboard process")
@@ -258,7 +364,7 @@ def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium
     first = chromium.current_window_handle  # a second tab: its own dashboard, read-only, naming the driver
     chromium.switch_to.new_window("tab")
     open_page(chromium, serving.url)
-    screen = wait_for_screen(chromium, lambda s: "READY" in s and " drives" in s.splitlines()[0], 60,
+    screen = wait_for_screen(chromium, lambda s: "READY" in s and "@" in s.splitlines()[0], 60,
                              "the second tab naming who drives")
     assert "READ-ONLY" in screen.splitlines()[0] and "@" in screen.splitlines()[0]
     tabs = wait_until(lambda: (lambda pids: pids if len(pids) == 2 else set())(dashboards_under(serving.process.pid)),
@@ -275,7 +381,7 @@ def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium
     for handle in chromium.window_handles:  # close both tabs: their WebSockets close, their dashboards quit
         chromium.switch_to.window(handle)
         chromium.get("about:blank")
-    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in tabs), 20, "the tabs' dashboards to exit")
+    wait_until(lambda: not any(alive(pid) for pid in tabs), 20, "the tabs' dashboards to exit")
     after = status_of(serving)
     assert after["state"] == "READY" and after["pgid"] == record_before["pgid"], after
     os.killpg(after["pgid"], 0)  # the server's process group is still there
@@ -306,6 +412,6 @@ def test_readonly_serve_tab_cannot_take_over(make_profile: MakeProfile, tmp_path
         assert len(tabs) == 1, tabs
         process.send_signal(signal.SIGTERM)  # serving stops with the tab open: the tab's dashboard quits too
         assert process.wait(timeout=15) == 0
-        wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in tabs), 10, "the tab's dashboard to exit")
+        wait_until(lambda: not any(alive(pid) for pid in tabs), 10, "the tab's dashboard to exit")
     finally:
         stop_group(process)
