@@ -11,6 +11,7 @@ tunedash process has private XDG folders: nothing here touches the user's demo o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -335,6 +336,38 @@ def test_tabs_die_with_serve_killed_hard(serving: Serving, chromium: Any) -> Non
     serving.process.wait(timeout=10)
     wait_until(lambda: not any(alive(pid) for pid in tabs), 10, "the tab's dashboard to die with serve",
                lambda: f"; still running: {[pid for pid in tabs if alive(pid)]}")
+
+
+def rss_mib(pids: set[int]) -> float:
+    """The summed resident memory of `pids` (VmRSS from /proc), MiB."""
+    total_kib = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            total_kib += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total_kib / 1024
+
+
+def test_a_tab_asking_for_30000x30000_cells_stays_small(serving: Serving) -> None:
+    import aiohttp
+
+    async def hold_tab() -> tuple[set[int], float]:
+        async with aiohttp.ClientSession() as client, \
+                client.ws_connect(f"{serving.url}ws?width=30000&height=30000") as ws:
+            tabs = set()
+            deadline = time.monotonic() + 10  # what the issue measured: 3.1 GB after 10 s
+            while time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ws.receive(), 0.5)  # read the frames, as a page does
+                tabs = tabs or dashboards_under(serving.process.pid)
+            return tabs, rss_mib(descendants(serving.process.pid))
+
+    tabs, rss = asyncio.run(hold_tab())
+    assert len(tabs) == 1, tabs
+    (tab,) = tabs
+    environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{tab}/environ").read_bytes().split(b"\0") if item)
+    assert (environ[b"COLUMNS"], environ[b"ROWS"]) == (b"500", b"200")  # the size it got: the largest there is
+    assert rss < 300, f"the tab's processes hold {rss:.0f} MiB"
 
 
 def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium: Any, tmp_path: Path) -> None:
