@@ -278,7 +278,8 @@ good_value = st.one_of(st.integers(0, 10**12).map(str), st.floats(0, 1e12).map(r
 bad_value = st.sampled_from(["NaN", "nan", "+Inf", "-Inf", "Inf", "-1", "-0.5", "abc", "1,5", "0x10", "--1"])
 metrics_junk = st.one_of(
     st.text(ONE_LINE, min_size=1, max_size=40).map(lambda s: "!" + s),  # cannot start a name
-    st.text(ONE_LINE, min_size=1, max_size=40).map(lambda s: " " + s),  # a name must start the line
+    metric_name,  # a name without a value
+    st.text(ONE_LINE, max_size=40).filter(lambda s: "}" not in s).map(lambda s: "a{" + s + " 1"),  # unclosed
 )
 
 

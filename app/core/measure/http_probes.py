@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -9,10 +10,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.server.health import Health, check_url
 
-METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+"""A series name tunedash reads (the exposition's classic names; the parser itself takes any name before a `{`)."""
+
+METRIC_LINE_MAX = 64 * 1024
+"""The longest /metrics line read (characters); a longer one is skipped and counted (the parser's label scan is
+per character: docs/decisions.md#metrics-parser)."""
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """The most of a probe's answer that is read (/metrics, server info); a longer body counts as no answer."""
@@ -94,33 +101,57 @@ def parse_metrics(text: str) -> dict[str, float]:
     return read_metrics(text)[0]
 
 
+def _escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _sample_line(line: str) -> tuple[str, dict[str, str], float] | None:
+    """One sample line through prometheus_client's text parser: (name, labels, value), or None when it is not one
+    sample line (the parser refuses it, it holds more than one, or its name is not a METRIC_NAME)."""
+    try:
+        samples = [sample for family in text_string_to_metric_families(line) for sample in family.samples]
+    except (ValueError, IndexError, TypeError, KeyError):
+        return None
+    if len(samples) != 1 or not METRIC_NAME.fullmatch(samples[0].name):
+        return None
+    sample = samples[0]
+    try:
+        value = float(sample.value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return sample.name, sample.labels, value
+
+
 def read_metrics(text: str) -> tuple[dict[str, float], int]:
-    """parse_metrics's values, and how many lines were skipped: not a sample line, or a value that is not a finite
-    number >= 0 (NaN, Inf, a negative count: every series tunedash reads is a count or a gauge of requests).
-    Comments and empty lines are not counted. A bare-name sum that overflows is dropped."""
+    """parse_metrics's values, and how many lines were skipped: a line prometheus_client's text parser refuses (a
+    label value may hold `}` or `,`: `model_name="/models/a}b"` is one series), one over METRIC_LINE_MAX, or a
+    value that is not a finite number >= 0 (NaN, Inf, a negative count: every series tunedash reads is a count or
+    a gauge of requests). Each line is parsed on its own, so one bad line costs only itself; TYPE lines do not
+    rename samples (the parser's whole-text reading would add `_total` to a counter's samples). A series' key is
+    `name{label="value",...}` in the server's label order, values escaped as in the exposition. Comments and empty
+    lines are not counted. A bare-name sum that overflows is dropped."""
     values: dict[str, float] = {}
     skipped = 0
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
+    for line in text.split("\n"):  # the exposition's only line break (a label value may hold U+2028)
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
-        match = METRIC_LINE.match(line)
-        try:
-            value = float(match["value"]) if match else math.nan
-        except ValueError:
-            value = math.nan
-        if not match or not math.isfinite(value) or value < 0:
+        sample = _sample_line(line) if len(line) <= METRIC_LINE_MAX else None
+        if sample is None or not math.isfinite(sample[2]) or sample[2] < 0:
             skipped += 1
             continue
-        name = match["name"]
-        labels = match["labels"]
+        name, labels, value = sample
         if labels:
-            values[f"{name}{{{labels}}}"] = value
+            rendered = ",".join(f'{key}="{_escape_label_value(label)}"' for key, label in labels.items())
+            values[f"{name}{{{rendered}}}"] = value
         values[name] = values.get(name, 0.0) + value
     return {key: value for key, value in values.items() if math.isfinite(value)}, skipped
 
 
 async def scrape_metrics(base_url: str, timeout_s: float = 3.0) -> dict[str, float] | None:
-    """One /metrics scrape (parse_metrics); None when it does not answer 200 within `timeout_s`, or the body is
-    over MAX_BODY_BYTES. Bytes that are not UTF-8 are replaced, so their lines are skipped as junk."""
+    """One /metrics scrape (parse_metrics, in a thread: a long body is seconds of parsing); None when it does not
+    answer 200 within `timeout_s`, or the body is over MAX_BODY_BYTES. Bytes that are not UTF-8 are replaced, so
+    their lines are skipped as junk."""
     body = await _get_ok(f"{base_url}/metrics", timeout_s, _capped_body)
-    return None if body is None else parse_metrics(body.decode(errors="replace"))
+    if body is None:
+        return None
+    return await asyncio.to_thread(parse_metrics, body.decode(errors="replace"))

@@ -103,11 +103,18 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str | 
     return delta if delta >= 0 else None
 
 
+def _has_label(label_set: str, label: str) -> bool:
+    """Whether `{a="x",b="y"}` holds `label` (`b="y"`) as a whole label, not as the tail of another's name."""
+    return any(f"{before}{label}{after}" in label_set for before in "{," for after in ",}")
+
+
 def _series(values: Mapping[str, float], name: str, label: str | None) -> float | None:
-    """A counter's value: the bare name (all series summed), or the sum of the series carrying `label`."""
+    """A counter's value: the bare name (all series summed), or the sum of the series carrying `label` as one of
+    its labels (keys are `name{a="x",b="y"}` with values escaped, so a label value cannot fake one)."""
     if label is None:
         return values.get(name)
-    picked = [v for key, v in values.items() if key.startswith(name + "{") and label in key]
+    prefix = name + "{"
+    picked = [v for key, v in values.items() if key.startswith(prefix) and _has_label(key[len(prefix) - 1:], label)]
     return sum(picked) if picked else None
 
 

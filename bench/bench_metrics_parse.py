@@ -1,0 +1,57 @@
+"""The /metrics reader's cost: `read_metrics` (prometheus_client's parser, line by line) against the hand regex it
+replaced, on tests/data/metrics/vllm_0320.txt repeated to a typical size and to the 16 MiB body cap.
+
+    python bench/bench_metrics_parse.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from app.core.measure.http_probes import MAX_BODY_BYTES, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+OLD_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+def old_reader(text: str) -> dict[str, float]:
+    """The regex reader before prometheus_client (label part `[^}]*`), the peer of this benchmark."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = OLD_LINE.match(line)
+        if line.startswith("#") or not match:
+            continue
+        key = f"{match['name']}{{{match['labels']}}}" if match["labels"] else match["name"]
+        values[key] = float(match["value"])
+    return values
+
+
+def median_s(read: Callable[[str], object], text: str, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        read(text)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    base = (REPO / "tests" / "data" / "metrics" / "vllm_0320.txt").read_text()
+    for label, copies in (("typical", 25), ("body cap", MAX_BODY_BYTES // len(base))):
+        text = base * copies
+        old = median_s(old_reader, text, args.runs)
+        new = median_s(read_metrics, text, args.runs)
+        print(f"{label} ({len(text) // 1024} KiB): read_metrics {new * 1000:.1f} ms, old regex {old * 1000:.1f} ms, "
+              f"ratio {new / old:.1f}x (median of {args.runs})")
+
+
+if __name__ == "__main__":
+    main()
