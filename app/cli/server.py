@@ -236,18 +236,25 @@ async def cmd_relaunch(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    """A server log as a readable table (phases, memory, ready time, decode tok/s, notices); `--json` the same
+    summary as JSON; `--events` every parsed event as one JSON line."""
     from app.core.logs.parser import event_to_json, parse_lines, read_log_lines, summary_to_json
+    from app.core.logs.summary_table import summary_table
 
     path = Path(args.file)
     try:
         parsed = parse_lines(read_log_lines(path), args.backend)
     except OSError as exc:
         raise CliError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
-    if args.json:
+    if args.events:
         for event in parsed.events:
             say(json.dumps(event_to_json(event)))
         return EXIT_OK
-    say(json.dumps(summary_to_json(parsed.summary()), indent=2))
+    if args.json:
+        say(json.dumps(summary_to_json(parsed.summary()), indent=2))
+        return EXIT_OK
+    for line in summary_table(parsed.summary(), str(path)):
+        say(line)
     return EXIT_OK
 
 
@@ -336,10 +343,12 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_relaunch)
 
-    p = sub.add_parser("log", help="parse a server log: events as JSON lines, or a summary")
+    p = sub.add_parser("log", help="summarize a server log: startup phases, memory, ready time, tok/s, notices")
     p.add_argument("file")
     p.add_argument("--backend", choices=["sglang", "vllm"])
-    p.add_argument("--json", action="store_true", help="one JSON event per line")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="the summary as one JSON object")
+    shape.add_argument("--events", action="store_true", help="every parsed event, one JSON object per line")
     p.set_defaults(func=cmd_log)
 
     p = sub.add_parser("flags", help="which catalog flags the installed server accepts (from its --help)")

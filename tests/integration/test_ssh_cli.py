@@ -104,7 +104,7 @@ def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: 
     assert bench.returncode == 0, bench.stdout + bench.stderr
     assert "requests ok / sent       3/3" in bench.stdout and "history: run #1" in bench.stdout
     log_path = relaunched.stdout.rsplit(", log ", 1)[1].split()[0]  # on loopback the host's log is local too
-    log = cli(home, "log", log_path, "--json")
+    log = cli(home, "log", log_path, "--events")
     assert log.returncode == 0 and '"ready"' in log.stdout, log.stdout + log.stderr
 
     killed = cli(home, "kill", profile, "--confirm-free", "--grace", "5")

@@ -3,7 +3,7 @@
 - ``summarize(events, backend=None, first_timestamp=None) -> LogSummary``
 - ``event_to_json(event) -> dict`` (a "type" key: phase, ready, decode, prefill, spec_decode, capacity, notice,
   fatal)
-- ``summary_to_json(summary) -> dict``
+- ``summary_to_json(summary) -> dict`` (``tunedash log --json``; the readable table is app/core/logs/summary_table.py)
 - ``line_timestamp(text) -> str | None`` and ``TimestampClock`` (timestamp text -> seconds since the first)
 
 Timestamps: SGLang prints ``YYYY-MM-DD HH:MM:SS[.mmm]`` (before ~0.4.0 ``HH:MM:SS`` only), vLLM
@@ -84,6 +84,8 @@ class LogSummary:
     mean_accept_len: float | None
     notices: tuple[Notice, ...]
     fatal: tuple[FatalEvent, ...]
+    kv_cache_tokens: int | None = None  # tokens the KV cache holds: the capacity line's, else the first KV line's
+    capacity: ServerCapacity | None = None  # SGLang's "max_total_num_tokens=..." line (the last one)
 
 
 def line_timestamp(text: str) -> str | None:
@@ -248,6 +250,18 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _kv_cache_tokens(events: list[LogEvent], capacity: ServerCapacity | None) -> int | None:
+    if capacity is not None:
+        return capacity.max_total_tokens
+    for event in events:
+        if isinstance(event, PhaseEvent) and event.phase == Phase.KV_CACHE and "tokens" in event.detail:
+            try:
+                return int(event.detail["tokens"].replace(",", ""))
+            except ValueError:
+                continue
+    return None
+
+
 def summarize(events: Iterable[LogEvent], backend: str | None = None, first_timestamp: str | None = None) -> LogSummary:
     """Summarize parsed events (see the module docstring for the rules)."""
     items = list(events)
@@ -268,6 +282,7 @@ def summarize(events: Iterable[LogEvent], backend: str | None = None, first_time
             if last is not None and last.accept_len is None and last.timestamp == event.timestamp:
                 series[-1] = ThroughputSample(last.timestamp, last.gen_tps, event.mean_accept_len)
     busy = [sample.gen_tps for sample in series if sample.gen_tps > 0]
+    capacity = next((event for event in reversed(items) if isinstance(event, ServerCapacity)), None)
     return LogSummary(
         backend=backend,
         ready=ready_index is not None,
@@ -279,6 +294,8 @@ def summarize(events: Iterable[LogEvent], backend: str | None = None, first_time
         mean_accept_len=_mean(accept),
         notices=tuple(event for event in items if isinstance(event, Notice)),
         fatal=tuple(event for event in items if isinstance(event, FatalEvent)),
+        kv_cache_tokens=_kv_cache_tokens(items, capacity),
+        capacity=capacity,
     )
 
 
@@ -338,6 +355,8 @@ def summary_to_json(summary: LogSummary) -> dict[str, Any]:
         "mean_gen_tps": summary.mean_gen_tps,
         "max_gen_tps": summary.max_gen_tps,
         "mean_accept_len": summary.mean_accept_len,
+        "kv_cache_tokens": summary.kv_cache_tokens,
+        "capacity": event_to_json(summary.capacity) if summary.capacity is not None else None,
         "notices": [event_to_json(notice) for notice in summary.notices],
         "fatal": [event_to_json(fatal) for fatal in summary.fatal],
     }
