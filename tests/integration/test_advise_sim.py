@@ -79,3 +79,40 @@ def test_advise_with_nothing_running_exits_2(make_profile: MakeProfile, tmp_path
     done = _run(tmp_path / "data", "advise", str(make_profile()), "--json")
     assert done.returncode == 2
     assert "no server of this profile is running" in done.stderr
+
+
+def test_advise_with_runs_at_other_shapes_lists_them_and_notes_the_nearest(make_profile: MakeProfile,
+                                                                          tmp_path: Path) -> None:
+    """The recorded runs used another request shape: `advise` said only "no recorded run"; now it lists the shapes
+    with their counts and the nearest one's best run, marked as another shape (no fix comes of it)."""
+    from app.core.measure.store import HistoryStore
+
+    profile = str(make_profile(steps=1, startup_s=0.3, extra=BENCH))
+    data = tmp_path / "data"
+    launched = _run(data, "launch", profile, "--wait", "--timeout", "60")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    record = json.loads(_run(data, "status", profile, "--json").stdout)
+    shape = {"requests": 6, "concurrency": 2, "input_len": 32, "max_tokens": 48, "warmup": 1,
+             "endpoint": "completions", "seed": 0, "ignore_eos": True, "prompt_file": None, "timeout_s": 600.0}
+    with HistoryStore(data / "history.sqlite3") as store:
+        for concurrency, tok_s in ((8, 300.0), (8, 320.0), (64, 900.0)):
+            run = store.start_run("bench", profile="t", host="sim", backend="sglang", model=record["model"],
+                                  params={"bench": {**shape, "concurrency": concurrency}},
+                                  arms=[("running", "", {**record["flags"], "speculative-num-steps": 3})])
+            store.finish_run(run, "done", summary={"output_tok_s": tok_s})
+
+    done = _run(data, "advise", profile, "--json")
+    assert done.returncode == 0, done.stderr
+    advice = json.loads(done.stdout)
+    assert advice["reference"] is None and not any(f["rule"].startswith("history:")
+                                                   for f in advice["slower_than_before"])
+    assert [(s["shape"]["concurrency"], s["runs"]) for s in advice["other_shapes"]] == [(8, 2), (64, 1)]
+    nearest = advice["nearest_shape"]
+    assert nearest["shape"]["concurrency"] == 8 and nearest["best"]["output_tok_s"] == 320.0
+    assert {"flag": "speculative-num-steps", "running": 1, "nearest": 3} in nearest["differs"]
+
+    text = _run(data, "advise", profile)
+    assert text.returncode == 0, text.stderr
+    assert ("recorded at other shapes: concurrency 8 x 32 in / 48 out tokens: 2 runs; concurrency 64 x 32 in / 48 "
+            "out tokens: 1 run") in text.stdout
+    assert "note, another shape (not like for like): the nearest, concurrency 8 x 32 in / 48 out tokens" in text.stdout

@@ -11,7 +11,8 @@ import pytest
 from textual.widgets import Static
 
 from app.core.data import ServerState
-from app.core.measure.store import DATA_DIR_ENV
+from app.core.measure.bench import BenchSpec
+from app.core.measure.store import DATA_DIR_ENV, HistoryStore
 from app.core.profiles.loading import load_profile
 from app.tui.app import create_app
 from app.tui.bench import RunScreen
@@ -26,6 +27,12 @@ async def test_v_shows_the_advice_a_applies_it_b_ab_tests_it(make_profile: MakeP
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
     profile = load_profile(make_profile(startup_s=0.3))
+    shape = BenchSpec.from_settings(profile.bench).to_json()
+    with HistoryStore() as store:  # one run, at 4x the profile's concurrency: no reference, a note
+        run = store.start_run("bench", profile=profile.name, host=profile.host, backend=profile.backend,
+                              model=profile.model, params={"bench": {**shape, "concurrency": shape["concurrency"] * 4}},
+                              arms=[("running", "", dict(profile.flags))])
+        store.finish_run(run, "done", summary={"output_tok_s": 123.0})
     app = create_app(profile, autolaunch=True, keymap_file=None)
     async with app.run_test(size=(120, 40)) as pilot:
         await until(lambda: app.session.view().state == ServerState.READY and app.session.busy is None, 60, "READY")
@@ -35,6 +42,8 @@ async def test_v_shows_the_advice_a_applies_it_b_ab_tests_it(make_profile: MakeP
         assert "Single-batch overlap off with TP > 1" in text and "enable_single_batch_overlap=False" in text
         assert "Prefill (piecewise) CUDA graph" in text and "--enforce-piecewise-cuda-graph" in text
         assert "nothing to do on this hardware" in text  # FlashInfer fusion / NVLS on the simulated SM 8.6
+        assert f"recorded at other shapes: concurrency {shape['concurrency'] * 4} x" in text
+        assert "note, another shape (not like for like): the nearest" in text and f"run #{run} (bench)" in text
         await pilot.press("a")
         await until(lambda: not isinstance(app.screen, AdvisorScreen), 5, "the screen to close")
         assert app.session.pending_flags.get("enable-single-batch-overlap") is True

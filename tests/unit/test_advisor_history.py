@@ -89,3 +89,43 @@ def test_a_known_gain_is_not_undone_on_the_word_of_an_older_run() -> None:
     other = {**THREE, "cuda-graph-backend-prefill": "full"}
     plain = keep_known_gains(diff_findings(other, THREE, "ref"), other, "sglang", "0.5.23", {}, False)
     assert [f.status for f in plain] == ["fix"]
+
+
+def test_another_shape_is_listed_with_counts_and_the_nearest_offered_as_a_note(tmp_path: Path) -> None:
+    """The recorded runs used other request shapes: nothing like for like, but the advisor says what exists (by
+    shape, with counts) and offers the nearest shape's best arm, as a note."""
+    from app.core.advisor.advise import Advice, advice_text, advice_to_json
+    from app.core.advisor.history import recorded_history
+
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        _bench(store, ONE, 700.0, shape={**SHAPE, "concurrency": 64})  # 5 doublings away
+        _bench(store, ONE, 710.0, shape={**SHAPE, "concurrency": 64})
+        _bench(store, THREE, 80.0, shape={**SHAPE, "max_tokens": 96})  # 1 doubling: the nearest
+        near = _bench(store, THREE, 90.0, shape={**SHAPE, "max_tokens": 96})
+        _bench(store, THREE, 95.0, shape={**SHAPE, "max_tokens": 96, "endpoint": "chat"})  # 1 + 3
+        _bench(store, THREE, 999.0, shape={**SHAPE, "max_tokens": 96}, host="elsewhere")
+        history = recorded_history(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
+    assert history.arms == [] and history.effects == {}  # nothing at this shape: no reference, no finding
+    assert [(other.shape["concurrency"], other.shape["max_tokens"], other.shape["endpoint"], other.runs)
+            for other in history.shapes] == [(2, 96, "completions", 2), (2, 96, "chat", 1),
+                                             (64, 48, "completions", 2)]
+    assert history.nearest is not None and history.nearest.best is not None
+    assert history.nearest.best.run_id == near and history.nearest.best.output_tok_s == 90.0
+
+    advice = Advice("t", "sim", "sglang", "0.5.10", dict(ONE), None, None, (), (), {}, None,
+                    dict(history.asked), history.shapes, history.nearest)
+    assert advice.pending() == {}  # a note, never a fix
+    text = advice_text(advice)
+    assert ("no recorded run of this model on this host at this request shape (concurrency 2 x 32 in / 48 out "
+            "tokens)") in text
+    assert ("recorded at other shapes: concurrency 2 x 32 in / 96 out tokens: 2 runs; concurrency 2 x 32 in / "
+            "96 out tokens, endpoint chat: 1 run; concurrency 64 x 32 in / 48 out tokens: 2 runs") in text
+    assert (f"note, another shape (not like for like): the nearest, concurrency 2 x 32 in / 96 out tokens, best "
+            f"history run #{near} (bench): 90.0 tok/s") in text
+    assert "--speculative-num-steps 3 (running 1)" in text
+    data = advice_to_json(advice)
+    assert data["reference"] is None and data["slower_than_before"] == []
+    assert [(s["shape"]["max_tokens"], s["runs"]) for s in data["other_shapes"]] == [(96, 2), (96, 1), (48, 2)]
+    nearest = data["nearest_shape"]
+    assert nearest["note"].startswith("another request shape") and nearest["best"]["run_id"] == near
+    assert {"flag": "speculative-num-steps", "running": 1, "nearest": 3} in nearest["differs"]

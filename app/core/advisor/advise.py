@@ -1,7 +1,8 @@
 """The advisor's one entry point: `advise(host, profile, ...) -> Advice`, and its JSON and terminal text.
 
 Two sections: "slower than before" (the running flags against the best recorded run at the same request shape,
-and against a named profile) and "left on the table" (the rules of app.core.advisor.rules on what the server
+and against a named profile; without a run at that shape, the shapes the history has and the nearest one's best
+run as a note) and "left on the table" (the rules of app.core.advisor.rules on what the server
 itself reports). Nothing here launches or changes anything: each fix is a set of pending flags.
 """
 
@@ -12,13 +13,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.advisor.evidence import Evidence, gather_evidence
-from app.core.advisor.history import Reference, diff_findings, fastest, recorded_arms
+from app.core.advisor.history import (
+    Reference,
+    ShapeRuns,
+    diff_findings,
+    fastest,
+    recorded_history,
+    shape_text,
+)
 from app.core.advisor.rules import RULES, Finding, PendingFlags, applies, evaluate, fix_text
+from app.core.data import FlagChange
 from app.core.errors import Reason, TunedashError
-from app.core.flags.values import get_flag
+from app.core.flags.values import format_value, get_flag
 from app.core.hosts.base import Host
 from app.core.measure.bench import BenchSpec
 from app.core.measure.store import HistoryStore
+from app.core.profiles.render import flag_diff
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 
@@ -45,6 +55,15 @@ class Advice:
     left_on_table: tuple[Finding, ...]
     sources: dict[str, str] = field(default_factory=dict)  # evidence source -> what was read
     own: Reference | None = None  # the best recorded run of exactly the running flags at the same shape
+    shape: dict[str, Any] | None = None  # the request shape a reference must share (None: no history read)
+    other_shapes: tuple[ShapeRuns, ...] = ()  # the model's runs at other shapes, nearest first, with counts
+    nearest: ShapeRuns | None = None  # without a reference: the nearest other shape, with its best arm (a note)
+
+    def nearest_differs(self) -> list[FlagChange]:
+        """How the nearest shape's best arm's flags differ from the running ones (old: running, new: its)."""
+        if self.nearest is None or self.nearest.best is None:
+            return []
+        return flag_diff(self.running_flags, self.nearest.best.flags)
 
     def pending(self) -> PendingFlags:
         """Every fix together, as pending flags (the reference's first, then the rules')."""
@@ -103,13 +122,17 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
                              f"`tunedash launch {profile.name} --wait`")
     ev = await gather_evidence(host, record)
     running = dict(record.flags)
-    reference = None
+    reference = own = nearest = None
+    shapes: tuple[ShapeRuns, ...] = ()
+    asked: dict[str, Any] | None = None
     slower: list[Finding] = []
     if store is not None:
         shape = (bench or BenchSpec.from_settings(profile.bench)).to_json()
         hosts = {host.name, profile.host}
-        arms, effects = recorded_arms(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape)
+        history = recorded_history(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape)
+        arms, effects, shapes, asked = history.arms, history.effects, history.shapes, dict(history.asked)
         reference, own = fastest(arms), fastest(arms, running)
+        nearest = history.nearest if reference is None else None
         # The running flags measured at least as fast as the best run: nothing is slower than before.
         if reference is not None and not (own is not None and own.per_stream >= reference.per_stream):
             slower += keep_known_gains(diff_findings(running, reference.flags, reference.describe(), effects),
@@ -117,7 +140,8 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
     if against is not None:
         slower += diff_findings(running, dict(against.flags), f"profile {against.name} ({against.source})")
     return Advice(profile.name, host.name, record.backend, ev.version, running, reference,
-                  against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev), own)
+                  against.name if against else None, tuple(slower), tuple(evaluate(ev)), _sources(ev), own,
+                  asked, shapes, nearest)
 
 
 def finding_to_json(finding: Finding) -> dict[str, Any]:
@@ -128,16 +152,31 @@ def finding_to_json(finding: Finding) -> dict[str, Any]:
             "note": finding.reason if finding.status != "nothing_to_do" else None}
 
 
+def _reference_json(ref: Reference) -> dict[str, Any]:
+    return {"run_id": ref.run_id, "kind": ref.kind, "arm": ref.arm, "profile": ref.profile,
+            "output_tok_s": round(ref.output_tok_s, 3), "per_stream_tok_s": round(ref.per_stream, 3),
+            "concurrency": ref.concurrency, "flags": dict(ref.flags)}
+
+
+def _nearest_json(advice: Advice) -> dict[str, Any] | None:
+    near = advice.nearest
+    if near is None or near.best is None:
+        return None
+    return {"note": "another request shape: not a like-for-like comparison", "shape": dict(near.shape),
+            "runs": near.runs, "best": _reference_json(near.best),
+            "differs": [{"flag": c.flag, "running": c.old, "nearest": c.new} for c in advice.nearest_differs()]}
+
+
 def advice_to_json(advice: Advice) -> dict[str, Any]:
     """The shape of `tunedash advise --json`."""
     ref = advice.reference
     return {
         "profile": advice.profile, "host": advice.host, "backend": advice.backend, "version": advice.version,
         "running_flags": advice.running_flags,
-        "reference": None if ref is None else {
-            "run_id": ref.run_id, "kind": ref.kind, "arm": ref.arm, "profile": ref.profile,
-            "output_tok_s": round(ref.output_tok_s, 3), "per_stream_tok_s": round(ref.per_stream, 3),
-            "concurrency": ref.concurrency, "flags": dict(ref.flags)},
+        "reference": None if ref is None else _reference_json(ref),
+        "shape": advice.shape,
+        "other_shapes": [{"shape": dict(other.shape), "runs": other.runs} for other in advice.other_shapes],
+        "nearest_shape": _nearest_json(advice),
         "running_run": None if advice.own is None else {
             "run_id": advice.own.run_id, "output_tok_s": round(advice.own.output_tok_s, 3),
             "per_stream_tok_s": round(advice.own.per_stream, 3)},
@@ -163,6 +202,35 @@ def _finding_lines(finding: Finding) -> list[str]:
     return lines
 
 
+SHAPES_SHOWN = 6
+"""Other request shapes listed in the text (nearest first); `--json` lists every one."""
+
+
+def _no_reference_lines(advice: Advice) -> list[str]:
+    """Why there is no reference, which shapes the history has instead, and the nearest one's best run as a note."""
+    asked = f" ({shape_text(advice.shape)})" if advice.shape else ""
+    lines = [f"  no recorded run of this model on this host at this request shape{asked}; "
+             f"`tunedash bench {advice.profile}` records one"]
+    if not advice.other_shapes:
+        return lines
+    shown = advice.other_shapes[:SHAPES_SHOWN]
+    more = len(advice.other_shapes) - len(shown)
+    lines.append("  recorded at other shapes: " + "; ".join(other.describe() for other in shown)
+                 + (f"; {more} more shape{'s' * (more != 1)}" if more else ""))
+    near = advice.nearest
+    if near is not None and near.best is not None:
+        lines.append(f"  note, another shape (not like for like): the nearest, {shape_text(near.shape)}, "
+                     f"best {near.best.describe()}")
+        differs = advice.nearest_differs()
+        lines.append("        its flags: " + ("the running ones" if not differs else ", ".join(
+            f"--{c.flag} {_flag_value(c.new)} (running {_flag_value(c.old)})" for c in differs)))
+    return lines
+
+
+def _flag_value(value: Any) -> str:
+    return "unset" if value is None else format_value(value)
+
+
 def advice_text(advice: Advice) -> str:
     """The advice for a terminal: both sections, each finding with its evidence, why and fix."""
     version = advice.version or "version not reported"
@@ -178,8 +246,7 @@ def advice_text(advice: Advice) -> str:
         else:
             lines.append(f"  the running flags measured slower: {advice.own.describe()}")
     else:
-        lines.append("  no recorded run of this model on this host at this request shape "
-                     "(`tunedash bench PROFILE` records one)")
+        lines += _no_reference_lines(advice)
     if advice.against:
         lines.append(f"  compared with profile {advice.against}")
     if not advice.slower_than_before and advice.against:

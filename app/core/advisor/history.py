@@ -6,12 +6,19 @@ output tok/s over its concurrency) among runs of the same model and backend on t
 request shape. The diff against the running server's flags lists first the flags whose effect the history
 measured (an A/B run whose arms differ in that flag: its B/A ratio and interval), then the known-impact flags,
 then the rest.
+
+Runs of the model at other request shapes are listed by shape with their counts (`RecordedHistory.shapes`), and
+the nearest shape's best arm is offered as a note, never as a finding: tok/s at another concurrency or length is
+not like for like. Nearest: the fewest doublings apart over concurrency, input and output length (|log2| of each
+ratio, added up), a different endpoint, prompt file or ignore_eos counting as 3 doublings each; then the shape
+with more runs, then the newer.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.advisor.rules import Finding, PendingFlags
@@ -81,19 +88,78 @@ def shape_of(bench: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(bench.get(key) for key in SHAPE_KEYS)
 
 
-def _matching(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str], shape: tuple[Any, ...]
-              ) -> list[RunRow]:
+def shape_text(shape: Mapping[str, Any]) -> str:
+    """A request shape as a person reads it: "concurrency 4 x 512 in / 256 out tokens" (and what else differs
+    from a plain completions benchmark)."""
+    text = (f"concurrency {shape.get('concurrency')} x {shape.get('input_len')} in / "
+            f"{shape.get('max_tokens')} out tokens")
+    extras = [f"endpoint {shape['endpoint']}" if shape.get("endpoint") not in (None, "completions") else "",
+              f"prompts from {shape['prompt_file']}" if shape.get("prompt_file") else "",
+              "stops at EOS" if shape.get("ignore_eos") is False else ""]
+    return text + "".join(f", {extra}" for extra in extras if extra)
+
+
+@dataclass(frozen=True)
+class ShapeRuns:
+    """The finished runs of the model at one request shape: how many, and (for the nearest shape) the best arm."""
+
+    shape: Mapping[str, Any]  # SHAPE_KEYS -> value
+    runs: int
+    best: Reference | None = None
+
+    def describe(self) -> str:
+        return f"{shape_text(self.shape)}: {self.runs} run{'s' * (self.runs != 1)}"
+
+
+@dataclass(frozen=True)
+class RecordedHistory:
+    """What the history holds for one model on one host, read once: the arms and measured effects at the asked
+    request shape, the other shapes with their run counts, and the nearest other shape with its best arm."""
+
+    arms: list[Reference]
+    effects: dict[str, MeasuredEffect]
+    shapes: tuple[ShapeRuns, ...] = ()  # other shapes, nearest first
+    nearest: ShapeRuns | None = None
+    asked: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _doublings(a: object, b: object) -> float:
+    numbers = [_number(v) for v in (a, b)]
+    if numbers[0] is None or numbers[1] is None:
+        return 0.0 if a == b else 3.0
+    return abs(math.log2(max(numbers[0], 1.0) / max(numbers[1], 1.0)))
+
+
+def shape_distance(one: tuple[Any, ...], other: tuple[Any, ...]) -> float:
+    """How far two shapes are apart (module docstring): doublings over the numeric keys, 3 per other difference."""
+    total = 0.0
+    for key, a, b in zip(SHAPE_KEYS, one, other, strict=True):
+        if key in ("concurrency", "input_len", "max_tokens"):
+            total += _doublings(a, b)
+        elif a != b:
+            total += 3.0
+    return total
+
+
+def _done_rows(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str]) -> dict[tuple[Any, ...],
+                                                                                                list[RunRow]]:
+    """The finished runs of `model` on `hosts`, newest first, by request shape (rows without arms or trials)."""
     names = set(hosts)
-    runs = []
+    by_shape: dict[tuple[Any, ...], list[RunRow]] = {}
     for row in store.runs(RUN_LIMIT):
         bench = row.params.get("bench") if isinstance(row.params, dict) else None
         if (row.status != "done" or row.model != model or row.backend != backend or row.host not in names
-                or not isinstance(bench, dict) or shape_of(bench) != shape):
+                or not isinstance(bench, dict)):
             continue
-        full = store.run(row.id)
-        if full is not None:
-            runs.append(full)
-    return runs
+        try:
+            by_shape.setdefault(shape_of(bench), []).append(row)
+        except TypeError:  # a shape value that is not hashable (a list in a hand-edited row): not comparable
+            continue
+    return by_shape
+
+
+def _full(store: HistoryStore, rows: Iterable[RunRow]) -> list[RunRow]:
+    return [full for row in rows if (full := store.run(row.id)) is not None]
 
 
 def _number(value: object) -> float | None:
@@ -137,12 +203,31 @@ def measured_effects(runs: Iterable[RunRow]) -> dict[str, MeasuredEffect]:
     return effects
 
 
+def recorded_history(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
+                     bench: Mapping[str, Any]) -> RecordedHistory:
+    """The history of `model` on `hosts` for the request shape `bench` (RecordedHistory), the run list read once."""
+    asked = shape_of(bench)
+    by_shape = _done_rows(store, model=model, backend=backend, hosts=hosts)
+    runs = _full(store, by_shape.get(asked, []))
+    others = sorted((shape for shape in by_shape if shape != asked),
+                    key=lambda shape: (shape_distance(asked, shape), -len(by_shape[shape]), -by_shape[shape][0].id))
+    shapes = [ShapeRuns(dict(zip(SHAPE_KEYS, shape, strict=True)), len(by_shape[shape])) for shape in others]
+    nearest = None
+    for index, shape in enumerate(others):  # the nearest shape with a measured arm
+        best = fastest(references(_full(store, by_shape[shape])))
+        if best is not None:
+            nearest = shapes[index] = ShapeRuns(shapes[index].shape, shapes[index].runs, best)
+            break
+    return RecordedHistory(references(runs), measured_effects(runs), tuple(shapes), nearest,
+                           dict(zip(SHAPE_KEYS, asked, strict=True)))
+
+
 def recorded_arms(store: HistoryStore, *, model: str, backend: str, hosts: Iterable[str],
                   bench: Mapping[str, Any]) -> tuple[list[Reference], dict[str, MeasuredEffect]]:
     """Every measured arm in the history at this request shape (the history read once), and the flags'
     measured effects."""
-    runs = _matching(store, model=model, backend=backend, hosts=hosts, shape=shape_of(bench))
-    return references(runs), measured_effects(runs)
+    history = recorded_history(store, model=model, backend=backend, hosts=hosts, bench=bench)
+    return history.arms, history.effects
 
 
 def fastest(arms: Iterable[Reference], flags: Mapping[str, FlagValue] | None = None) -> Reference | None:
