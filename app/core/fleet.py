@@ -1,8 +1,9 @@
 """The fleet poller: a one-line look at many profiles' servers on many hosts, without driving any of them.
 
 Per profile: its state and time in state (the job record, its group's liveness, and its log followed like
-`tail -F`, replayed once on attach the way `tunedash status` does), generation tokens/s and acceptance (the
-server's /metrics while READY, else its log's decode lines; no load is sent), the memory of each of its GPUs,
+`tail -F`, replayed once on attach the way `tunedash status` does, inside the look that attaches, so the first
+row already has the server's state), generation tokens/s and acceptance (the server's /metrics while READY, else
+its log's decode lines; no load is sent), the memory of each of its GPUs,
 who drives it (the driver lock, read only) and the release installed (flag discovery, cached on the host).
 
 Per host: one task that looks at every profile on it each `look_period_s`, under a timeout of `timeout_s`, and
@@ -25,6 +26,7 @@ from app.core.data import ConnectionState, DecodeStats, GpuSnapshot, ServerState
 from app.core.flags.discovery import discover_flags
 from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.logs.parser import LogParser
+from app.core.logs.summary import TimestampClock, line_timestamp
 from app.core.measure.http_probes import scrape_metrics
 from app.core.measure.metrics import MetricsRate, MetricsReading, rate_between
 from app.core.profiles.render import launch_env
@@ -89,6 +91,7 @@ class _Watch:
     looked: bool = False
     alive: bool = False
     log_state: ServerState = ServerState.LAUNCHING
+    log_entered: float | None = None  # seconds after the log's first timestamp when log_state began (the replay)
     state: ServerState | None = None
     since: float | None = None
     decode: DecodeStats | None = None
@@ -123,24 +126,29 @@ class _HostWatch:
 
 
 def _state_of(watch: _Watch) -> ServerState:
-    """The server's state from its record, its group's liveness and its log (the rule of status.inspect_job)."""
+    """The server's state from its record, its group's liveness and its log (the rule of status.inspect_job). A
+    live group whose record says it became ready is READY whatever the log shows (a custom profile's health_url
+    makes READY with no log line; a log whose ready line was not read yet)."""
     record = watch.record
     if record is None:
         return ServerState.STOPPED
     if record.pgid is None:
         return ServerState.LAUNCHING if record.outcome == "launching" else ServerState.STOPPED
     if watch.alive:
-        return watch.log_state
+        return ServerState.READY if record.outcome == "ready" else watch.log_state
     return gone_state(record.outcome)
 
 
 def _first_since(watch: _Watch, state: ServerState) -> float | None:
-    """When a state seen on the first look began, from the record (READY: its ready time; starting: the launch)."""
+    """When a state seen on the first look began: READY at the record's ready time; else the launch plus how far
+    into the log (by its own timestamps) the state began; the launch when the log does not say."""
     record = watch.record
     if record is None or state not in LIVE_STATES:
         return None
     if state == ServerState.READY and record.ready_at:
         return record.ready_at
+    if state == watch.log_state and watch.log_entered is not None:
+        return record.launched_at + watch.log_entered
     return record.launched_at
 
 
@@ -272,40 +280,41 @@ class FleetPoller:
             watch.version = found.version
 
     async def _attach_log(self, host: Host, watch: _Watch, path: str) -> None:
-        """Follow the job's log from its first line (its state as it is now, then as it moves): the lines already
-        there when this looked are a replay, whose throughput figures are not live (as ServerLifecycle does)."""
+        """Replay the job's log as it is now, here in the look (the state it reached settles this look's row), then
+        follow it past those lines with the same parser. The replayed lines' throughput figures are not live (as
+        ServerLifecycle does)."""
         if watch.follow_task is not None:
             watch.follow_task.cancel()
         watch.follow_path = path
-        replay = (await host.read_text(path) or "").count("\n")
-        watch.log_state = ServerState.LAUNCHING
+        parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
+        replayed = _replay(watch, parser, await host.read_text(path) or "")
         watch.decode, watch.spec_accept = None, None
-        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, replay),
+        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, parser, replayed),
                                                 name=f"fleet log {watch.profile.name}")
 
-    async def _follow(self, host: Host, watch: _Watch, path: str, replay: int) -> None:
-        parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
+    async def _follow(self, host: Host, watch: _Watch, path: str, parser: LogParser, skip: int) -> None:
+        """Follow `path` from its first line; the first `skip` lines were replayed by _attach_log already."""
         with contextlib.suppress(HostError, OSError):
             async with contextlib.aclosing(host.follow(path)) as lines:
                 async for line in lines:
-                    replayed = replay > 0
-                    replay -= 1
+                    if skip > 0:
+                        skip -= 1
+                        continue
                     for event in parser.feed(line):
-                        self._on_log_event(watch, event, replayed)
+                        self._on_log_event(watch, event)
 
-    def _on_log_event(self, watch: _Watch, event: object, replayed: bool = False) -> None:
+    def _on_log_event(self, watch: _Watch, event: object) -> None:
         now = time.time()
-        if replayed:
-            pass  # an old line: its state counts, its figures are not live
-        elif isinstance(event, DecodeStats):
+        if isinstance(event, DecodeStats):
             watch.decode, watch.decode_at = event, now
         elif isinstance(event, SpecDecodeStats):
             watch.spec_accept = event.mean_accept_len
         moved = state_after(watch.log_state, event)  # type: ignore[arg-type]
         if moved is not None:
-            watch.log_state = moved
-            if watch.alive and watch.state != moved and not replayed:  # a replay's state is settled at the look
-                watch.state, watch.since = moved, now
+            watch.log_state, watch.log_entered = moved, None
+            state = _state_of(watch)
+            if watch.alive and watch.state != state:
+                watch.state, watch.since = state, now
 
     async def _scrape(self, host: Host, watch: _Watch) -> None:
         """One /metrics scrape of a READY server (through the host's forward); a rate once two scrapes exist."""
@@ -366,6 +375,25 @@ class FleetPoller:
             gpu = seen.get(index)
             out.append(GpuMemory(index, gpu.memory_used_mib if gpu else None, gpu.memory_total_mib if gpu else None))
         return tuple(out)
+
+
+def _replay(watch: _Watch, parser: LogParser, text: str) -> int:
+    """Feed the complete lines of `text` (the log as it is now) to `parser`: the state they lead to from LAUNCHING
+    (states.state_after, as status.inspect_job replays) and how far into the log it began go to `watch`. Returns
+    how many lines were fed (a last line without its newline is left to the follow)."""
+    lines = text.split("\n")[:-1]
+    clock: TimestampClock | None = None
+    state, entered = ServerState.LAUNCHING, None
+    for line in lines:
+        for event in parser.feed(line):
+            moved = state_after(state, event)
+            if moved is not None:
+                if clock is None:  # seconds from the log's first timestamp, read in order from here on
+                    clock = TimestampClock()
+                    clock.seconds(parser.first_timestamp)
+                state, entered = moved, clock.seconds(line_timestamp(event.line.text))
+    watch.log_state, watch.log_entered = state, entered
+    return len(lines)
 
 
 def _gpu_error(snapshot: GpuSnapshot | None) -> str:

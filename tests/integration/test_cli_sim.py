@@ -49,6 +49,17 @@ def test_launch_gpus_relaunch_kill(make_profile: MakeProfile, sim_state: Path) -
     assert live_group_members(record["pgid"]) == []
 
 
+def test_launch_wait_leaves_a_record_that_says_ready(make_profile: MakeProfile, sim_state: Path) -> None:
+    """`launch --wait` ended right after READY, before the record's write of outcome, ready time and phase times
+    landed: the record said "running" forever (the fleet counted READY's time from when it first looked)."""
+    profile = make_profile()
+    launched = tunedash("launch", str(profile), "--wait", "--timeout", "60")
+    assert launched.returncode == 0, launched.stderr
+    record = _record(sim_state)
+    assert record["outcome"] == "ready"
+    assert record["launched_at"] < record["ready_at"] and record["phase_times"]["ready"] > 0
+
+
 def test_orphaned_ranks_hold_memory_until_the_group_is_killed(make_profile: MakeProfile, sim_state: Path) -> None:
     profile = make_profile()
     assert tunedash("launch", str(profile), "--wait").returncode == 0

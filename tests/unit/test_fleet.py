@@ -39,6 +39,9 @@ def test_state_rule_follows_record_liveness_and_log(tmp_path: Path) -> None:
     assert _state_of(watch) == ServerState.LAUNCHING
     watch.record, watch.alive, watch.log_state = record(), True, ServerState.CAPTURING
     assert _state_of(watch) == ServerState.CAPTURING  # alive: the log says where it is
+    watch.record, watch.log_state = record(outcome="ready"), ServerState.LAUNCHING
+    assert _state_of(watch) == ServerState.READY  # the record says it became ready (a health_url: no log line)
+    watch.record = record()
     watch.alive = False
     assert _state_of(watch) == ServerState.CRASHED  # gone on its own
     watch.record = record(outcome="killed")

@@ -69,6 +69,7 @@ from app.core.telemetry.freecheck import FreeVerdict
 from app.core.telemetry.smi import Telemetry
 
 HEALTH_POLL_S = 0.25  # a custom profile's health_url, while it starts
+RECORD_WRITE_WAIT_S = 5.0  # close() waits this long at most for a record write under way (READY, a crash)
 
 
 class ServerLifecycle:
@@ -111,12 +112,16 @@ class ServerLifecycle:
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
+        self._record_writes: set[asyncio.Task[Any]] = set()  # close() lets these finish (RECORD_WRITE_WAIT_S)
         host.subscribe_connection(self._on_connection)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], *, writes_record: bool = False) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if writes_record:
+            self._record_writes.add(task)
+            task.add_done_callback(self._record_writes.discard)
 
     # ---- listeners -------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
@@ -364,7 +369,7 @@ class ServerLifecycle:
         when = "while starting" if was in STARTING_STATES else "after it was ready"
         self._say(f"server crashed {when}: {reason}", "error")
         record.outcome = "crashed"
-        self._spawn(self._save(record))
+        self._spawn(self._save(record), writes_record=True)
 
     async def _follow_log(self, record: jobs.JobRecord, parser: LogParser) -> None:
         async with contextlib.aclosing(self.host.follow(record.log_path)) as lines:
@@ -407,7 +412,7 @@ class ServerLifecycle:
         record.outcome = "ready"
         record.ready_at = time.time()
         record.phase_times = times
-        self._spawn(self._confirm_health(record) if confirm else self._save(record))
+        self._spawn(self._confirm_health(record) if confirm else self._save(record), writes_record=True)
 
     async def _poll_health_ready(self, record: jobs.JobRecord, follower: asyncio.Task[None]) -> None:
         """A custom profile with only a health_url: READY when the URL first answers 200."""
@@ -573,7 +578,11 @@ class ServerLifecycle:
         return await self.wait_ready(ready_timeout_s)
 
     async def close(self) -> None:
-        """Stop watching. The server keeps running."""
+        """Stop watching. The server keeps running. A record write still under way (READY's outcome, ready time and
+        phase times; a crash) gets up to RECORD_WRITE_WAIT_S to land first: `tunedash launch --wait` ends right
+        after READY, and without it the record never said the server was ready (the fleet, `status`)."""
+        if self._record_writes:
+            await asyncio.wait(set(self._record_writes), timeout=RECORD_WRITE_WAIT_S)
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
