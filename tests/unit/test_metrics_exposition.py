@@ -3,6 +3,7 @@ and whatever the exposition's escaping allows in a label value comes back as the
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_the_decode_series_is_picked_when_a_model_path_holds_braces_and_commas()
     assert rate is not None and rate.tokens_per_s == pytest.approx(100.0)  # decode only, not prefill
 
 
-@pytest.mark.parametrize("fixture", ["sglang_0523.txt", "vllm_0320.txt"])
+@pytest.mark.parametrize("fixture", ["sglang_0523.txt", "vllm_0320.txt", "vllm_0320_real.txt"])
 def test_real_expositions_read_as_the_old_reader_read_them(fixture: str) -> None:
     text = (DATA / fixture).read_text()
     values, skipped = read_metrics(text)
@@ -105,3 +106,53 @@ def test_any_escaped_label_value_reads_back_as_prometheus_client_reads_it(
     assert [(s.labels, s.value) for s in theirs] == [(labels, value) for labels, value in series]
     for (_labels, value), line in zip(series, lines[1:], strict=True):
         assert values[line.rsplit(" ", 1)[0]] == value  # the key is the series as the server wrote it
+
+
+def _prometheus_reading(line: str) -> tuple[str, dict[str, str], float] | None:
+    try:
+        samples = [s for family in text_string_to_metric_families(line) for s in family.samples]
+    except ValueError:
+        return None
+    return (samples[0].name, samples[0].labels, float(samples[0].value)) if len(samples) == 1 else None
+
+
+plain_value = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\\n'), max_size=16)
+plain_line = st.builds(
+    lambda name, labels, comma, gap, value: (
+        name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + comma + "}" if labels is not None else "")
+        + gap + value),
+    st.from_regex(re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,10}"), fullmatch=True),
+    st.one_of(st.none(), st.lists(st.tuples(st.one_of(
+        st.from_regex(re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,6}"), fullmatch=True),
+        st.sampled_from(["__x", "__name__", "le", "mode"])), plain_value), max_size=4)),
+    st.sampled_from(["", ","]), st.sampled_from([" ", "\t", "  ", " \t"]),
+    st.one_of(st.integers(-10, 10**20).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+              st.sampled_from(["NaN", "+Inf", "-Inf", "1e3", "1_0", "0x10", "١٢", "1.5E-3", "abc"])))
+mutation = st.sampled_from(['"', "\\", "{", "}", ",", "=", " ", "\t", "_", "#", "__", "\u00a0", "\r"])
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(plain_line,
+                 st.tuples(plain_line, st.integers(0, 60), mutation).map(lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:]),
+                 st.text(max_size=60)))
+def test_the_plain_fast_path_reads_a_line_as_prometheus_client_does(line: str) -> None:
+    """`_plain_sample` answers only for lines prometheus_client reads, and then with its reading (the rest goes to
+    the parser itself)."""
+    from app.core.measure.http_probes import _plain_sample
+
+    plain = _plain_sample(line)
+    if plain is None:
+        return
+    theirs = _prometheus_reading(line)
+    assert theirs is not None, line
+    assert plain[:2] == theirs[:2], line
+    assert plain[2] == theirs[2] or (math.isnan(plain[2]) and math.isnan(theirs[2])), line
+
+
+def test_the_fast_path_takes_the_lines_real_servers_print() -> None:
+    from app.core.measure.http_probes import _plain_sample
+
+    for fixture in ("sglang_0523.txt", "vllm_0320_real.txt"):
+        series = [line for line in (DATA / fixture).read_text().splitlines() if line and not line.startswith("#")]
+        assert all(_plain_sample(line) is not None for line in series), fixture
+    assert _plain_sample('x{a="b\\"c"} 1') is None  # an escape: the parser reads it
