@@ -1,8 +1,9 @@
 """The `tunedash` command: the parser and the dispatch; the commands live beside it.
 
 app.cli.server has the server commands (gpus, launch, status, kill, free, relaunch, log, flags),
-app.cli.measure the measuring ones (bench, ab, history, export, probe), app.cli.remote `trust`; this module
-adds `profiles`, `ui` and `demo`. Exit codes come from app.cli.common, the one place errors become codes.
+app.cli.measure the measuring ones (bench, ab, history, export, probe), app.cli.remote `trust`, app.cli.adopt
+`adopt`; this module adds `profiles`, `ui` and `demo`. Exit codes come from app.cli.common, the one place errors
+become codes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.cli import fleet, measure, remote, serve, server
+from app.cli import adopt, fleet, measure, remote, serve, server
 from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.register(sub)
     serve.register(sub)
     fleet.register(sub)
+    adopt.register(sub)
     return parser
 
 

@@ -179,6 +179,17 @@ async def _fingerprint(host: Host, backend: str, python: str, module: str,
     return data
 
 
+async def server_version(host: Host, backend: str, python: str, module: str,
+                         env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """The installed server's version as `python` sees it (the fingerprint: nothing of the server is run), and
+    why it is None when it is."""
+    fingerprint = await _fingerprint(host, backend, python, module, dict(env or {}))
+    if isinstance(fingerprint, str):
+        return None, fingerprint
+    version = fingerprint.get("version")
+    return (str(version), "") if version is not None else (None, f"{python}: no version found for {module}")
+
+
 async def _ask_help(host: Host, backend: str, python: str, module: str,
                     env: dict[str, str]) -> tuple[frozenset[str] | None, str]:
     last_error = ""

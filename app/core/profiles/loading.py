@@ -22,6 +22,13 @@ Profile TOML schema (every key; anything else is an error naming the file and th
     ready_timeout int      seconds a relaunch waits for READY  default: 600 (the CLI's --ready-timeout)
     sim_version str        SGLang release the simulated host plays: "0.5.10" (default) or "0.5.23"
     sim_gpus    str        the simulated host's GPUs: "2xA6000" (default: SM 8.6, PCIe) or "2xH200" (SM 9.0, NVLink)
+    script      [str]      a console-script launch instead of `python -m module`, e.g.
+                           ["/venv/bin/vllm", "serve"]: argv = python SCRIPT... then the model (vllm: as
+                           the positional MODEL, `vllm serve MODEL`; sglang: --model-path) and the flags;
+                           module still names the server module that discovery asks (`--help`)
+                                                             default: unset (python -m module)
+    extra_args  [str]      argv items passed verbatim after the flags (flags the catalog does not know;
+                           `tunedash adopt` writes them and lists them in a comment)   default: []
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
                 typed by the catalog (app.core.flags.catalog); JSON flags as inline tables, e.g.
                 speculative-config = { method = "ngram", num_speculative_tokens = 3 }.

@@ -21,14 +21,20 @@ MODEL_FLAG = {"sglang": "model-path", "vllm": "model", "custom": "model"}
 def launch_argv(profile: Profile) -> list[str]:
     """The server's command line as an argv list: python -m MODULE --model-path M --port P FLAGS...
 
-    vLLM gets `--model M` (the api_server module's form). Flags come in catalog order, so two profiles
+    vLLM gets `--model M` (the api_server module's form). A profile with `script` runs `python SCRIPT...`
+    instead of `-m MODULE` (vLLM's console form takes the model as its positional: `vllm serve M`); its
+    `extra_args` come last, verbatim. Flags come in catalog order, so two profiles
     with the same flags render the same argv: True booleans as "--flag", False ones not at all (or
     "--no-flag" for negatable vLLM flags), JSON flags as compact JSON.
     """
     if profile.backend == CUSTOM:
         return custom_argv(profile)
-    argv = [profile.python, "-m", profile.module, f"--{MODEL_FLAG[profile.backend]}", profile.model,
-            "--port", str(profile.port)]
+    if profile.script and profile.backend == "vllm":  # `vllm serve MODEL`: the model is its positional
+        argv = [profile.python, *profile.script, profile.model, "--port", str(profile.port)]
+    else:
+        launcher = list(profile.script) if profile.script else ["-m", profile.module]
+        argv = [profile.python, *launcher, f"--{MODEL_FLAG[profile.backend]}", profile.model,
+                "--port", str(profile.port)]
     specs = catalog(profile.backend)
     unknown = [name for name in profile.flags if name not in specs]
     if unknown:
@@ -36,7 +42,7 @@ def launch_argv(profile: Profile) -> list[str]:
     for name, spec in specs.items():
         if name in profile.flags:
             argv += render_flag(spec, profile.flags[name])
-    return argv
+    return argv + list(profile.extra_args)
 
 
 def substitute(template: str, profile: Profile) -> str:

@@ -38,7 +38,8 @@ class ProfileReader:
     """Validates the parsed TOML of one file; every error names `source`."""
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
-                "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", *CUSTOM_KEYS)
+                "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
+                "extra_args", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -114,6 +115,8 @@ class ProfileReader:
             sim_version=got.get("sim_version", ""),
             sim_gpus=got.get("sim_gpus", ""),
             description=got.get("description", ""),
+            script=self.strings(got, "script", backend),
+            extra_args=self.strings(got, "extra_args", backend),
             **custom,
         )
 
@@ -159,6 +162,22 @@ class ProfileReader:
                 if name in ("port", "model") and name not in got:
                     raise self.fail(where, f"uses {{{name}}} but the profile sets no {name}; add {name} = ...")
         return {"command": tuple(command), "ready_regex": ready_regex, "health_url": health_url}
+
+    def strings(self, got: Mapping[str, Any], key: str, backend: str) -> tuple[str, ...]:
+        """`script` or `extra_args`: a list of strings, for the sglang and vllm backends (a custom profile's
+        `command` holds its whole argv)."""
+        if key not in got:
+            return ()
+        if backend == CUSTOM:
+            raise self.fail(key, "a custom profile's `command` holds its whole command line; remove " + key)
+        items = got[key]
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise self.fail(f"{key}[{i}]", f"expected a string (quote it), got {_describe(item)}")
+        if key == "script" and not items:
+            raise self.fail(key, "empty; give the console script and its subcommand, e.g. "
+                            "[\"/venv/bin/vllm\", \"serve\"], or remove script to run `python -m module`")
+        return tuple(items)
 
     def expand_local(self, key: str, text: str) -> str:
         """`${VAR}` / `${VAR:-default}` from this process's environment, then a leading `~` (local hosts only:
@@ -392,7 +411,7 @@ _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "py
                                "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
                                "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
-                               "ready_regex": str, "health_url": str}
+                               "ready_regex": str, "health_url": str, "script": list, "extra_args": list}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}
 
 

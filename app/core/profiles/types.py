@@ -58,6 +58,10 @@ class Profile:
     # the profile's own [toggles] entries ((key, None) removes a built-in one), kept so that the toggles can be
     # rebuilt for the server version discovery finds (app.core.profiles.loading.for_server_version)
     own_toggles: tuple[tuple[str, Toggle | None], ...] = ()
+    # sglang/vllm: a console-script launch (`python SCRIPT serve ...` instead of `python -m MODULE`), and
+    # argv items passed verbatim after the flags (what the catalog does not know); `tunedash adopt` writes them
+    script: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0  # how long a relaunch waits for READY (the CLI's --ready-timeout default)
 
     def toggle(self, key: str) -> Toggle | None:
