@@ -365,8 +365,13 @@ async def attach_gpus(host: Host, servers: Sequence[AdoptableServer]) -> None:
         server.gpus = GpuUse(mib, unreadable) if mib or not unreadable else GpuUse(None, unreadable)
     for server in servers:
         mine = set(server.gpu_indices())
-        server.shares_gpus_with = [other.pid for other in servers
-                                   if other is not server and mine & set(other.gpu_indices())]
+        server.shares_gpus_with = [other.pid for other in servers if other is not server
+                                   and _machine(other) == _machine(server) and mine & set(other.gpu_indices())]
+
+
+def _machine(server: AdoptableServer) -> str:
+    """Whose GPUs a server's indices are: the host's, or a simulated host's (each state folder its own GPUs)."""
+    return (server.environ or {}).get("TUNEDASH_SIM_STATE", "") if server.command.simulated else ""
 
 
 async def attach_records(host: Host, servers: Sequence[AdoptableServer]) -> None:
