@@ -11,6 +11,7 @@ are folded into its GPU memory. Nothing is signalled.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
@@ -407,15 +408,22 @@ async def attach_versions(host: Host, servers: Sequence[AdoptableServer]) -> Non
     """Each server's version, from its interpreter's installed package (discovery's fingerprint, nothing run)."""
     from app.core.flags.discovery import server_version
 
+    asks: dict[tuple[str, str, str, str], list[AdoptableServer]] = {}
     for server in servers:
         if server.command.backend == "custom":
             server.version_reason = "a custom server has no version to ask"
             continue
         module = server.command.module or {"sglang": "sglang.launch_server",
                                            "vllm": "vllm.entrypoints.openai.api_server"}[server.command.backend]
-        env = {k: v for k, v in (server.environ or {}).items() if k == "PYTHONPATH"}
-        server.version, server.version_reason = await server_version(host, server.command.backend, server.python,
-                                                                     module, env)
+        pythonpath = (server.environ or {}).get("PYTHONPATH", "")
+        asks.setdefault((server.command.backend, server.python, module, pythonpath), []).append(server)
+    keys = list(asks)  # one ask per interpreter, all at once: each is a python start on the host
+    answers = await asyncio.gather(*(server_version(host, backend, python, module,
+                                                    {"PYTHONPATH": path} if path else {})
+                                     for backend, python, module, path in keys))
+    for key, (version, reason) in zip(keys, answers, strict=True):
+        for server in asks[key]:
+            server.version, server.version_reason = version, reason
 
 
 async def find_servers(host: Host, pids: Sequence[int] = (),
