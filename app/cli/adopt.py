@@ -1,8 +1,9 @@
 """`tunedash adopt [HOST]`: the SGLang and vLLM servers running on a host, and a profile written from one.
 
-HOST: this machine when omitted (or `local`), a profile (its host: `sim`, local or SSH), `ssh://user@host:port`
-or an ~/.ssh/config alias. `--pid N --write FILE` writes the profile of server N to FILE (this machine; an
-existing FILE only with --force). The listing and the writing signal nothing (docs/adopt.md).
+HOST: this machine when omitted (or `local`), `sim` (the demo's simulated host), a profile (its host: `sim`, local
+or SSH), `ssh://user@host:port` or an ~/.ssh/config alias. `--pid N --write FILE` writes the profile of server N
+to FILE (this machine; an existing FILE only with --force). The listing and the writing signal nothing
+(docs/adopt.md).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def adopt_host(name: str | None) -> tuple[Host, str]:
     if name in (None, "", "local"):
         return LocalHost("local"), "local"
     assert name is not None
+    if name == "sim":  # the simulated host the demo runs on (its default state folder)
+        return host_for(resolve_profile("demo")), "sim"
     if name.startswith("ssh://"):
         from app.core.hosts.ssh import SshHost
 
@@ -212,8 +215,8 @@ def _write(path: Path, text: str, force: bool) -> None:
 def register(sub: Any) -> None:
     """Add `adopt` to the `tunedash` subparsers (app.cli.main calls this)."""
     p = sub.add_parser("adopt", help="list the SGLang/vLLM servers running on a host; write one's profile")
-    p.add_argument("host", nargs="?", help="this machine when omitted; a profile, ssh://user@host:port or an "
-                   "~/.ssh/config alias")
+    p.add_argument("host", nargs="?", help="this machine when omitted; sim, a profile, ssh://user@host:port or "
+                   "an ~/.ssh/config alias")
     p.add_argument("--pid", type=int, help="one server: its details, or with --write its profile")
     p.add_argument("--write", metavar="FILE", help="write the profile of --pid's server to FILE (a .toml)")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")

@@ -249,3 +249,24 @@ def test_unreadable_environ_read_by_another_user(by_hand: HandStarted, shared_fo
     assert "hf_not_to_be_written" not in text
     assert normalised(launch_argv(load_profile(target))) == normalised(argv)
     assert proc.poll() is None
+
+
+def test_a_pid_that_exits_after_the_listing_is_said_and_nothing_written(by_hand: HandStarted, tmp_path: Path) -> None:
+    """The proof read at listing time no longer holds once the server is gone or its pid is another process."""
+    import asyncio
+    import dataclasses
+
+    from app.core.adopt.scan import find_servers, still_same
+    from app.core.hosts.local import LocalHost
+
+    proc, _ = by_hand.sim()
+    host = LocalHost("local")
+    (server,) = asyncio.run(find_servers(host, [proc.pid]))
+    assert asyncio.run(still_same(host, server.proof)) == ""
+    reused = dataclasses.replace(server.proof, start_time=str(int(server.proof.start_time) - 1))
+    assert "another process now" in asyncio.run(still_same(host, reused))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert asyncio.run(still_same(host, server.proof)) == f"pid {proc.pid} is gone from local (it exited)"
+    done = tunedash("adopt", "--pid", str(proc.pid), "--write", str(tmp_path / "late.toml"))
+    assert done.returncode == 2 and "no such process" in done.stderr and not (tmp_path / "late.toml").exists()

@@ -147,3 +147,21 @@ def test_no_cuda_visible_devices_keeps_every_gpu_visible(tmp_path: Path) -> None
     path, rendered = written(tmp_path, argv, environ={"SGLANG_X": "1"}, gpus={1: 1000})
     assert tomllib.loads(path.read_text())["gpus"] == []
     assert "CUDA_VISIBLE_DEVICES" not in " ".join(rendered)
+
+
+def test_custom_profile_command_is_recognised_and_written(tmp_path: Path) -> None:
+    from app.core.adopt.profile_text import build_profile as build
+    from tests.adopt_helpers import server_for as make
+
+    template = ("{python}", "{profile_dir}/serve.py", "--listen", "{port}")
+    argv = ["/usr/bin/python3", "/srv/tgi/serve.py", "--listen", "8080", "--workers", "2"]
+    command = classify(argv, [("my-tgi", template)])
+    assert command is not None and (command.backend, command.custom_profile) == ("custom", "my-tgi")
+    assert classify(["/usr/bin/python3", "/srv/other.py", "--listen", "8080"], [("my-tgi", template)]) is None
+    server = make(argv, custom=[("my-tgi", template)])
+    path = tmp_path / "tgi.toml"
+    made = build(server, "local", path, custom=("listening on", ""))
+    path.write_text(made.text)
+    profile = load_profile(path)
+    assert (profile.backend, profile.ready_regex) == ("custom", "listening on")
+    assert launch_argv(profile) == argv
