@@ -18,8 +18,9 @@ from typing import Any
 
 from app.cli.common import EXIT_OK, CliError, say
 from app.connect import host_for
+from app.core.adopt.details import find_servers
 from app.core.adopt.profile_text import AdoptError, build_profile
-from app.core.adopt.scan import AdoptableServer, find_servers, still_same
+from app.core.adopt.scan import AdoptableServer, still_same
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
 from app.core.hosts.ssh_options import ALIAS

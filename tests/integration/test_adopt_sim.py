@@ -256,7 +256,8 @@ def test_a_pid_that_exits_after_the_listing_is_said_and_nothing_written(by_hand:
     import asyncio
     import dataclasses
 
-    from app.core.adopt.scan import find_servers, still_same
+    from app.core.adopt.details import find_servers
+    from app.core.adopt.scan import still_same
     from app.core.hosts.local import LocalHost
 
     proc, _ = by_hand.sim()

@@ -1,8 +1,9 @@
 """Servers started by hand: finding them on a host and writing their profiles (`tunedash adopt`, docs/adopt.md).
 
 command.py reads a command line (which server, how launched, model, port, flags typed by the catalog);
-scan.py reads the processes of a host through its Host (/proc via one shell script, the GPU process list
-through the telemetry) into AdoptableServer rows, with the AdoptProof a later takeover re-checks;
+scan.py reads the processes of a host through its Host (/proc via one shell script) into AdoptableServer rows,
+with the AdoptProof a later takeover re-checks; details.py adds the python to launch with, GPU memory (the
+telemetry's process list), job records and versions (find_servers: the whole look);
 profile_text.py writes a profile's TOML from them. May import app.core.hosts, app.core.flags,
 app.core.profiles, app.core.telemetry and app.core.server.jobs (records); never a UI, the CLI or app.sim.
 Nothing here signals a process.

@@ -1,4 +1,4 @@
-"""The servers running on a host, read through its Host: /proc (one shell script), the GPU process list, records.
+"""The servers running on a host, read through its Host's /proc (one shell script); details.py adds the rest.
 
 For each process whose command line names a server (command.classify; the script's grep only narrows the
 candidates, the argv decides): pid, owner, start time, interpreter (/proc/PID/exe and the argv[0] that resolves
@@ -11,7 +11,6 @@ are folded into its GPU memory. Nothing is signalled.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import re
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 
 from app.core.adopt.command import ParsedArgs, ServerCommand, classify, parse_server_args
 from app.core.hosts.base import Host, HostError
-from app.core.hosts.procfs import ProcessInfo, parse_stat_line
+from app.core.hosts.procfs import parse_stat_line
 from app.core.server.jobs import TAG_ENV, JobRecord
 
 # The environment a written profile keeps (prefixes), and what the listing needs besides.
@@ -63,11 +62,6 @@ for pid in $pids; do
 done
 cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | sed 's/^/T /'
 """
-FIND_RECORD_SCRIPT = r"""
-for f in "$1"/jobs/*.json; do [ -f "$f" ] && grep -l -F -- "$2" "$f"; done 2>/dev/null
-true
-"""
-RESOLVE_SCRIPT = r"""for p; do printf '%s\n' "$(readlink -f -- "$p" 2>/dev/null)"; done"""
 
 
 @dataclass(frozen=True)
@@ -277,164 +271,6 @@ def _port(command: ServerCommand, parsed: ParsedArgs, sockets: list[str],
     if parsed.port in listening or not listening:
         return parsed.port, "default"
     return listening[0], "socket"
-
-
-async def resolve_pythons(host: Host, servers: Sequence[AdoptableServer]) -> None:
-    """Each server's `python`: argv[0] when it resolves to /proc/PID/exe (a venv's python is a symlink to the base
-    interpreter, which does not see the venv's packages), found through the process's cwd or PATH as the
-    shell found it; else the exe, with a note."""
-    asks: list[tuple[AdoptableServer, str]] = []
-    for server in servers:
-        first = server.command.interpreter
-        if not first:
-            server.python_note = "a console script run without an interpreter in its command line"
-            continue
-        if first.startswith("/"):
-            candidates = [first]
-        elif "/" in first:
-            candidates = []  # relative to its cwd, which the script printed but a re-run may not see the same
-        else:
-            path = (server.environ or {}).get("PATH", "")
-            candidates = [f"{folder}/{first}" for folder in path.split(":") if folder.startswith("/")]
-        asks += [(server, c) for c in candidates]
-    if not asks:
-        return
-    try:
-        result = await host.run(["sh", "-c", RESOLVE_SCRIPT, "sh", *(c for _s, c in asks)], timeout=30.0)
-        resolved = result.stdout.split("\n")
-    except HostError:
-        resolved = []
-    chosen: set[int] = set()
-    for (server, candidate), target in zip(asks, resolved, strict=False):
-        if server.pid not in chosen and target and target == server.proof.exe:
-            server.python = candidate
-            chosen.add(server.pid)
-    for server in servers:
-        if server.pid not in chosen and server.command.interpreter and not server.python_note:
-            server.python = server.proof.exe or server.command.interpreter
-            server.python_note = (f"{server.command.interpreter!r} could not be resolved to {server.proof.exe or '?'}; "
-                                  "the profile names the executable itself (a venv's python: check `python`)")
-
-
-def descendants(processes: Sequence[ProcessInfo], pid: int) -> set[int]:
-    """`pid` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for proc in processes:
-        children.setdefault(proc.ppid, []).append(proc.pid)
-    found = {pid}
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-async def attach_gpus(host: Host, servers: Sequence[AdoptableServer]) -> None:
-    """Each server's GPU memory: its process tree's entries in the telemetry's process list."""
-    if not servers:
-        return
-    from app.core.telemetry.smi import SmiTelemetry
-
-    telemetry = SmiTelemetry(host)
-    try:
-        snapshot = await telemetry.sample()
-    finally:
-        await telemetry.close()
-    if snapshot.error is not None:
-        for server in servers:
-            server.gpus = GpuUse(None, f"on {host.name}: {snapshot.error.message}")
-        return
-    try:
-        processes = await host.processes()
-    except HostError as exc:
-        for server in servers:
-            server.gpus = GpuUse(None, f"process list unreadable: {exc}")
-        return
-    for server in servers:
-        tree = descendants(processes, server.pid)
-        mib: dict[int, int] = {}
-        unreadable = ""
-        for gpu in snapshot.gpus:
-            if gpu.processes is None:
-                unreadable = f"GPU {gpu.index}'s process list could not be read"
-                continue
-            for proc in gpu.processes:
-                if proc.pid in tree:
-                    mib[gpu.index] = mib.get(gpu.index, 0) + (proc.used_mib or 0)
-        server.gpus = GpuUse(mib, unreadable) if mib or not unreadable else GpuUse(None, unreadable)
-    for server in servers:
-        mine = set(server.gpu_indices())
-        server.shares_gpus_with = [other.pid for other in servers if other is not server
-                                   and _machine(other) == _machine(server) and mine & set(other.gpu_indices())]
-
-
-def _machine(server: AdoptableServer) -> str:
-    """Whose GPUs a server's indices are: the host's, or a simulated host's (each state folder its own GPUs)."""
-    return (server.environ or {}).get("TUNEDASH_SIM_STATE", "") if server.command.simulated else ""
-
-
-async def attach_records(host: Host, servers: Sequence[AdoptableServer]) -> None:
-    """The job record of each server tunedash launched (its TUNEDASH_JOB tag), searched in the host's state folder
-    (and the simulated host's, for a simulated server)."""
-    for server in servers:
-        if not server.tunedash_tag:
-            continue
-        folders = [host.state_dir]
-        sim_state = (server.environ or {}).get("TUNEDASH_SIM_STATE")
-        if sim_state:
-            folders.append(f"{sim_state}/host")
-        needle = f'"tag": "{server.tunedash_tag}"'
-        for folder in folders:
-            try:
-                result = await host.run(["sh", "-c", FIND_RECORD_SCRIPT, "sh", folder, needle], timeout=30.0)
-            except HostError:
-                continue
-            for path in result.stdout.split():
-                try:
-                    text = await host.read_text(path)
-                    record = JobRecord.from_json(text or "")
-                except (HostError, OSError, ValueError, TypeError):
-                    continue
-                if record.tag == server.tunedash_tag:
-                    server.record, server.record_path = record, path
-                    break
-            if server.record is not None:
-                break
-
-
-async def attach_versions(host: Host, servers: Sequence[AdoptableServer]) -> None:
-    """Each server's version, from its interpreter's installed package (discovery's fingerprint, nothing run)."""
-    from app.core.flags.discovery import server_version
-
-    asks: dict[tuple[str, str, str, str], list[AdoptableServer]] = {}
-    for server in servers:
-        if server.command.backend == "custom":
-            server.version_reason = "a custom server has no version to ask"
-            continue
-        module = server.command.module or {"sglang": "sglang.launch_server",
-                                           "vllm": "vllm.entrypoints.openai.api_server"}[server.command.backend]
-        pythonpath = (server.environ or {}).get("PYTHONPATH", "")
-        asks.setdefault((server.command.backend, server.python, module, pythonpath), []).append(server)
-    keys = list(asks)  # one ask per interpreter, all at once: each is a python start on the host
-    answers = await asyncio.gather(*(server_version(host, backend, python, module,
-                                                    {"PYTHONPATH": path} if path else {})
-                                     for backend, python, module, path in keys))
-    for key, (version, reason) in zip(keys, answers, strict=True):
-        for server in asks[key]:
-            server.version, server.version_reason = version, reason
-
-
-async def find_servers(host: Host, pids: Sequence[int] = (),
-                       custom_commands: Sequence[tuple[str, Sequence[str]]] = ()) -> list[AdoptableServer]:
-    """Every server on `host` (or among `pids`) with its interpreter, version, GPUs and record filled in."""
-    servers = await read_processes(host, pids, custom_commands)
-    await resolve_pythons(host, servers)
-    await attach_gpus(host, servers)
-    await attach_records(host, servers)
-    await attach_versions(host, servers)
-    return servers
 
 
 async def still_same(host: Host, proof: AdoptProof) -> str:
