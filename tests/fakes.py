@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.data import GpuProcess, GpuSample, GpuSnapshot
+from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, argv_size_problem
 from app.core.hosts.base import CommandResult, Host, HostIdentity, LeaderMismatch, LeaderProof, SpawnedProcess
 from app.core.hosts.procfs import ProcessInfo, parse_stat_line
+from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow, window_from
 
 
 class CommandOnlyHost(Host):
@@ -54,7 +56,9 @@ class CommandOnlyHost(Host):
     async def remove(self, path: str) -> None:
         raise NotImplementedError
 
-    def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
+    def follow(
+        self, path: str, *, from_start: bool = True, offset: int | None = None
+    ) -> AsyncGenerator[str, None]:
         raise NotImplementedError
 
     @property
@@ -172,8 +176,33 @@ class InMemoryHost(CommandOnlyHost):
         self.files[path] = text
         return True
 
-    async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
+    async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
+        return argv_size_problem(argv, log_path, env or {}, arg_max=ARG_MAX_FALLBACK, one_string=False,
+                                 where=self.name)
+
+    async def read_window(
+        self, path: str, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES
+    ) -> LogWindow | None:
+        text = await self.read_text(path)
+        if text is None:
+            return None
+        data = text.encode()
+        if len(data) <= head_bytes + tail_bytes:
+            return window_from(data, None, len(data))
+        return window_from(data[:head_bytes], data[len(data) - tail_bytes - 1:], len(data))
+
+    async def follow(
+        self, path: str, *, from_start: bool = True, offset: int | None = None
+    ) -> AsyncGenerator[str, None]:
         sent = 0 if from_start else len(self.logs.get(path, []))
+        if offset is not None:  # the lines that end at or before byte `offset` were read already
+            ends = 0
+            for sent, line in enumerate(self.logs.get(path, [])):  # noqa: B007 - sent is used after the loop
+                if ends >= offset:
+                    break
+                ends += len(line.encode()) + 1
+            else:
+                sent = len(self.logs.get(path, []))
         while True:
             lines = self.logs.get(path, [])
             for line in lines[sent:]:

@@ -35,6 +35,7 @@ from app.core.flags.toggles import apply_toggle
 from app.core.flags.values import FlagError, catalog
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
+from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES
 from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import launch_argv, launch_env
 from app.core.profiles.types import Profile
@@ -199,6 +200,9 @@ async def cmd_status(args: argparse.Namespace) -> int:
         if data.get("fatal"):
             say(f"  fatal: {data['fatal']}")
             say(f"  log: {data.get('log_path')}")
+        if report.log_skipped:
+            say(f"  log: read its first {HEAD_BYTES >> 20} MiB and last {TAIL_BYTES >> 20} MiB "
+                f"({report.log_skipped / 2**20:.0f} MiB between them not read)")
     return EXIT_OK
 
 

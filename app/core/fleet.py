@@ -1,9 +1,9 @@
 """The fleet poller: a one-line look at many profiles' servers on many hosts, without driving any of them.
 
 Per profile: its state and time in state (the job record, its group's liveness, and its log followed like
-`tail -F`, replayed once on attach the way `tunedash status` does, inside the look that attaches, so the first
-row already has the server's state), generation tokens/s and acceptance (the server's /metrics while READY, else
-its log's decode lines; no load is sent), the memory of each of its GPUs,
+`tail -F`, its window (never the whole log) replayed once on attach the way `tunedash status` does, inside the
+look that attaches, so the first row already has the server's state), generation tokens/s and acceptance (the
+server's /metrics while READY, else its log's decode lines; no load is sent), the memory of each of its GPUs,
 who drives it (the driver lock, read only) and the release installed (flag discovery, cached on the host).
 
 Per host: one task that looks at every profile on it each `look_period_s`, under a timeout of `timeout_s`, and
@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from app.core.data import ConnectionState, DecodeStats, GpuSnapshot, ServerState, SpecDecodeStats
+from app.core.data import ConnectionState, DecodeStats, GpuSnapshot, LogEvent, ServerState, SpecDecodeStats
 from app.core.flags.discovery import discover_flags
-from app.core.hosts.base import ConnectionChanged, Host, HostError
+from app.core.hosts.base import ConnectionChanged, Host, HostError, NotRegularFile
+from app.core.hosts.window import LogWindow
 from app.core.logs.parser import LogParser
 from app.core.logs.summary import TimestampClock, line_timestamp
 from app.core.measure.http_probes import scrape_metrics
@@ -109,6 +110,7 @@ class _Watch:
     error: str = ""
     follow_path: str | None = None
     follow_task: asyncio.Task[None] | None = None
+    log_error: str = ""  # why the log is not followed (not a regular file)
 
 
 @dataclass
@@ -286,20 +288,23 @@ class FleetPoller:
         if watch.follow_task is not None:
             watch.follow_task.cancel()
         watch.follow_path = path
+        watch.log_error = ""
+        try:  # the replay: the log's window, never the whole log (this runs inside the look's timeout)
+            window = await host.read_window(path)
+        except NotRegularFile as exc:
+            watch.log_error = f"{watch.profile.name}: its log is not followed: {exc}"
+            return
         parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
-        replayed = _replay(watch, parser, await host.read_text(path) or "")
+        _replay(watch, parser, window)
         watch.decode, watch.spec_accept = None, None
-        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, parser, replayed),
+        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, parser, window),
                                                 name=f"fleet log {watch.profile.name}")
 
-    async def _follow(self, host: Host, watch: _Watch, path: str, parser: LogParser, skip: int) -> None:
-        """Follow `path` from its first line; the first `skip` lines were replayed by _attach_log already."""
+    async def _follow(self, host: Host, watch: _Watch, path: str, parser: LogParser, window: LogWindow | None) -> None:
+        """Follow `path` from the end of the `window` _attach_log replayed (from its start when there was none)."""
         with contextlib.suppress(HostError, OSError):
-            async with contextlib.aclosing(host.follow(path)) as lines:
+            async with contextlib.aclosing(host.follow(path, offset=window.end if window else None)) as lines:
                 async for line in lines:
-                    if skip > 0:
-                        skip -= 1
-                        continue
                     for event in parser.feed(line):
                         self._on_log_event(watch, event)
 
@@ -352,7 +357,7 @@ class FleetPoller:
             tokens_per_s=tokens, accept_len=accept,
             gpus=self._gpus(entry.snapshot, profile), gpu_error=_gpu_error(entry.snapshot),
             driver=f"{watch.driver.who} ({watch.driver.kind})" if watch.driver else None,
-            connection=_connection(entry), error=entry.error or watch.error,
+            connection=_connection(entry), error=entry.error or watch.error or watch.log_error,
         )
 
     @staticmethod
@@ -377,23 +382,31 @@ class FleetPoller:
         return tuple(out)
 
 
-def _replay(watch: _Watch, parser: LogParser, text: str) -> int:
-    """Feed the complete lines of `text` (the log as it is now) to `parser`: the state they lead to from LAUNCHING
-    (states.state_after, as status.inspect_job replays) and how far into the log it began go to `watch`. Returns
-    how many lines were fed (a last line without its newline is left to the follow)."""
-    lines = text.split("\n")[:-1]
+def _replay(watch: _Watch, parser: LogParser, window: LogWindow | None) -> None:
+    """Feed the lines of the log's `window` (its head and tail, whole lines; None: no log yet) to `parser`: the state
+    they lead to from LAUNCHING (states.state_after, as status.inspect_job replays) and how far into the log it began
+    go to `watch`. Nothing spans the part of the log between the head and the tail (the parser is flushed there)."""
     clock: TimestampClock | None = None
     state, entered = ServerState.LAUNCHING, None
-    for line in lines:
-        for event in parser.feed(line):
+
+    def feed(events: Iterable[LogEvent]) -> None:
+        nonlocal clock, state, entered
+        for event in events:
             moved = state_after(state, event)
             if moved is not None:
                 if clock is None:  # seconds from the log's first timestamp, read in order from here on
                     clock = TimestampClock()
                     clock.seconds(parser.first_timestamp)
                 state, entered = moved, clock.seconds(line_timestamp(event.line.text))
+
+    if window is not None:
+        for line in window.head:
+            feed(parser.feed(line))
+        if window.skipped:
+            feed(parser.flush())
+        for line in window.tail:
+            feed(parser.feed(line))
     watch.log_state, watch.log_entered = state, entered
-    return len(lines)
 
 
 def _gpu_error(snapshot: GpuSnapshot | None) -> str:

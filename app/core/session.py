@@ -34,7 +34,8 @@ from app.core.data import (
 from app.core.flags.discovery import ServerFlags, discover_flags, rejection_message
 from app.core.flags.toggles import Toggle, apply_toggle, toggle_value
 from app.core.flags.values import FlagError, set_flag
-from app.core.hosts.base import ConnectionChanged, Host, HostError
+from app.core.hosts.base import ConnectionChanged, Host, HostError, NotRegularFile
+from app.core.hosts.window import TAIL_BYTES
 from app.core.measure.http_probes import server_info
 from app.core.measure.metrics import MetricsPoller, MetricsRate
 from app.core.measure.probe import ProbeStatus, probe_loop
@@ -335,8 +336,20 @@ class Session:
         self._tail_task = self._spawn(self._tail_log(path))
 
     async def _tail_log(self, path: str) -> None:
+        """The log view's lines: the log's last TAIL_BYTES (never the whole log), then each line appended."""
         self.log_lines.clear()
-        async with contextlib.aclosing(self.host.follow(path)) as lines:
+        offset = None
+        try:
+            window = await self.host.read_window(path, 0, TAIL_BYTES)
+        except NotRegularFile as exc:
+            self.log_lines.append(f"(the log is not shown: {exc})")
+            return
+        except HostError:
+            window = None  # out of reach for now: the follow waits for the host
+        if window is not None:
+            self.log_lines.extend(window.lines)
+            offset = window.end
+        async with contextlib.aclosing(self.host.follow(path, offset=offset)) as lines:
             async for line in lines:
                 self.log_lines.append(line)
 

@@ -27,7 +27,7 @@ import pytest
 
 from app.core.data import ServerState
 from app.core.errors import Reason
-from app.core.hosts.base import HostError
+from app.core.hosts.base import Host, HostError
 from app.core.hosts.local import LocalHost
 from app.core.profiles.loading import parse_profile
 from app.core.profiles.types import Profile
@@ -51,10 +51,11 @@ def _profile(folder: Path, name: str = "rec") -> Profile:
     return parse_profile(text, path)
 
 
-def _record(profile: Profile, **changes: object) -> jobs.JobRecord:
+def _record(host: Host, profile: Profile, **changes: object) -> jobs.JobRecord:
     record = jobs.JobRecord(
         profile=profile.name, host="local", backend="custom", model="", port=0, argv=["x"], flags={}, pid=None,
-        pgid=None, start_time="", log_path="/dev/null", launched_by="test@here", launched_at=time.time(), gpus=[],
+        pgid=None, start_time="", log_path=jobs.log_path_for(host, profile), launched_by="test@here",
+        launched_at=time.time(), gpus=[],
         profile_file=jobs.profile_file_of(profile), outcome="killed",
     )
     return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
@@ -99,7 +100,7 @@ async def test_300_concurrent_saves_in_one_process_never_corrupt_and_never_lose_
     host: LocalHost, tmp_path: Path
 ) -> None:
     profile = _profile(tmp_path)
-    await jobs.save_job(host, _record(profile))
+    await jobs.save_job(host, _record(host, profile))
     path = Path(jobs.job_path(host, profile))
     reader = CorruptReads(path)
 
@@ -171,7 +172,7 @@ def test_several_processes_saving_one_record_never_corrupt_and_never_lose_an_upd
     profile = _profile(tmp_path)
     state = tmp_path / "state"
     host = LocalHost("local", state_dir=str(state))
-    asyncio.run(jobs.save_job(host, _record(profile)))
+    asyncio.run(jobs.save_job(host, _record(host, profile)))
     path = Path(jobs.job_path(host, profile))
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -238,7 +239,7 @@ async def test_a_partial_write_through_sshd_keeps_the_record(sshd: Sshd, ssh_sta
     host = ClosesEarly(sshd.spec, state_dir=str(ssh_state / "state"), options=sshd.options())
     try:
         profile = _profile(tmp_path)
-        await jobs.save_job(host, _record(profile, launched_by="first"))
+        await jobs.save_job(host, _record(host, profile, launched_by="first"))
         record = await jobs.load_job(host, profile)
         assert record is not None and record.generation == 1
         host.cut = True
@@ -251,7 +252,7 @@ async def test_a_partial_write_through_sshd_keeps_the_record(sshd: Sshd, ssh_sta
         record.generation = 1
         await jobs.save_job(host, record)  # the same save, whole: it lands, and the swap still checks
         assert (await jobs.load_job(host, profile)).launched_by == "second"  # type: ignore[union-attr]
-        stale = _record(profile, launched_by="stale")
+        stale = _record(host, profile, launched_by="stale")
         with pytest.raises(jobs.StaleRecord):
             await jobs.save_job(host, stale)
     finally:
@@ -341,8 +342,8 @@ async def test_two_files_named_alike_do_not_share_a_record_and_no_name_leaves_th
 ) -> None:
     one, two = _profile(tmp_path / "a", "demo"), _profile(tmp_path / "b", "demo")
     assert jobs.job_path(host, one) != jobs.job_path(host, two)
-    await jobs.save_job(host, _record(one, launched_by="one"))
-    await jobs.save_job(host, _record(two, launched_by="two"))
+    await jobs.save_job(host, _record(host, one, launched_by="one"))
+    await jobs.save_job(host, _record(host, two, launched_by="two"))
     assert [(await jobs.load_job(host, p)).launched_by for p in (one, two)] == ["one", "two"]  # type: ignore[union-attr]
     jobs_dir = Path(host.state_dir) / "jobs"
     for name in ("../../x", "..", "/etc/passwd", "a/../../b", "\x00"):
@@ -353,11 +354,11 @@ async def test_two_files_named_alike_do_not_share_a_record_and_no_name_leaves_th
 
 
 @pytest.mark.parametrize(("key", "value", "why"), [
-    ("pgid", "123", "pgid: expected an integer or null"),
-    ("pid", True, "pid: expected an integer or null"),
+    ("pgid", "123", "pgid: expected a process group id"),
+    ("pid", True, "pid: expected a process id"),
     ("argv", "python -m x", "argv: expected a list of strings"),
     ("gpus", [0, -1], "gpus: expected a list of GPU indexes"),
-    ("launched_at", "yesterday", "launched_at: expected a number"),
+    ("launched_at", "yesterday", "launched_at: expected seconds since the epoch"),
     ("generation", -1, "generation: expected a non-negative integer"),
     ("start_time", 5000, "start_time: expected a string"),
     ("profile", None, "profile: expected a string"),
@@ -366,7 +367,7 @@ async def test_a_record_with_a_wrong_type_is_unreadable_and_said_once(
     host: LocalHost, tmp_path: Path, key: str, value: object, why: str
 ) -> None:
     profile = _profile(tmp_path)
-    await jobs.save_job(host, _record(profile))
+    await jobs.save_job(host, _record(host, profile))
     path = Path(jobs.job_path(host, profile))
     raw = json.loads(path.read_text())  # noqa: ASYNC240
     raw[key] = value

@@ -30,7 +30,8 @@ NEW = (
 async def test_reattach_replays_state_but_marks_old_figures(tmp_path: Path) -> None:
     host = LocalHost("local", state_dir=str(tmp_path / "state"))
     profile = dataclasses.replace(resolve_profile("demo"), name="attach-test", gpus=())
-    log = tmp_path / "server.log"
+    log = tmp_path / "state" / "logs" / "server.log"  # a record's log lies in the host's state folder
+    log.parent.mkdir(parents=True)
     log.write_text(OLD)
     tag = jobs.new_tag()
     spawned = await host.spawn_detached(["sleep", "30"], log_path=str(tmp_path / "sleep.log"), env={jobs.TAG_ENV: tag})

@@ -106,14 +106,14 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
     if resolved is not None:
         with contextlib.suppress(HostError, OSError):
             model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
-    text: str | None = None
-    if record.log_path:
+    lines: list[str] | None = None
+    if record.log_path:  # its window (first and last MiBs: app.core.hosts.window), never the whole log
         with contextlib.suppress(HostError, OSError):
-            text = await host.read_text(record.log_path)
-    if text is None:
+            window = await host.read_window(record.log_path)
+            lines = list(window.lines) if window is not None else None
+    if lines is None:
         problems.append(f"log: {record.log_path or 'no log path'} not readable")
-    # a whole log can be large: split and parsed in a thread, never on the dashboard's event loop
-    lines = await asyncio.to_thread(str.splitlines, text) if text is not None else None
+    # parsed in a thread, never on the dashboard's event loop
     parsed = await asyncio.to_thread(parse_lines, lines, record.backend) if lines is not None else None
     engine, engine_line = ({}, None) if lines is None or record.backend != "vllm" else await asyncio.to_thread(
         vllm_engine_config, lines)

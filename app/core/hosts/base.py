@@ -7,8 +7,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 
 from app.core.data import ConnectionState
+from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, PROGRAM_SCRIPT, argv_size_problem
 from app.core.hosts.procfs import ProcessInfo, group_alive_in
 from app.core.hosts.shell_scripts import ENV_VALUE_SCRIPT, FIND_ENV_SCRIPT, IDENTITY_SCRIPT, PROVEN_SIGNAL_SCRIPT
+from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, WINDOW_SCRIPT, LogWindow, WindowError, window_from_script
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class HostError(Exception):
     """A host could not do what was asked; the message names the host and says what to do."""
 
 
+class NotRegularFile(HostError):
+    """A path that must be a regular file (a log to replay) is something else (a FIFO, a device, a folder)."""
+
+
 class LeaderMismatch(HostError):
     """The process at a job's leader pid is not the recorded leader (reused pid, no tag): nothing was signalled."""
 
@@ -106,6 +112,27 @@ class Host(abc.ABC):
         cwd: str | None = None,
     ) -> SpawnedProcess:
         """Start argv in its own session (setsid), stdin from /dev/null, stdout+stderr appended to log_path."""
+
+    async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
+        """Why spawn_detached(argv, ...) would fail on this host ("" when it would start): the command over the
+        host's argument limits (detach.argv_size_problem: ARG_MAX from `getconf`, one argument at most
+        MAX_ARG_STRLEN; a remote command is also one string) or its program not found. Checked before a relaunch
+        kills anything."""
+        script = f"getconf ARG_MAX 2>/dev/null || echo 0; env | wc -c; {PROGRAM_SCRIPT} && echo found || echo missing"
+        result = await self.run(["sh", "-c", script, "sh", argv[0] if argv else ""], timeout=30.0, env=env)
+        lines = [line.strip() for line in result.stdout.splitlines()]
+        if len(lines) < 3:
+            return ""  # the host did not answer the check: the spawn itself says what went wrong
+        arg_max = int(lines[0]) if lines[0].isdigit() and int(lines[0]) > 0 else ARG_MAX_FALLBACK
+        environ = int(lines[1]) if lines[1].isdigit() else 0
+        size = argv_size_problem(argv, log_path, env or {}, arg_max=arg_max - environ - 4096,
+                                 one_string=not getattr(self, "is_local", False), where=self.name)
+        if size:
+            return size
+        if lines[2] == "missing":
+            return (f"{self.name}: {argv[0]!r} is not an executable file there nor on its PATH: the launch would "
+                    "fail; fix the profile's python (or command); nothing was stopped or started")
+        return ""
 
     @abc.abstractmethod
     async def signal_group(self, pgid: int, signal_number: int) -> bool:
@@ -177,6 +204,25 @@ class Host(abc.ABC):
     async def read_text(self, path: str) -> str | None:
         """A file's text, or None when it does not exist."""
 
+    async def read_window(
+        self, path: str, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES
+    ) -> LogWindow | None:
+        """The whole lines of the file's first `head_bytes` and last `tail_bytes` (app.core.hosts.window), cut on the
+        host; None when it does not exist, NotRegularFile when it is not a regular file."""
+        script = ["sh", "-c", WINDOW_SCRIPT, "sh", path, str(int(head_bytes)), str(int(tail_bytes))]
+        result = await self.run(script, timeout=60.0)
+        if result.returncode == 44:
+            return None
+        if result.returncode == 45:
+            raise NotRegularFile(f"{self.name}: {path} is not a regular file; tunedash reads logs only from files")
+        if result.returncode != 0:
+            raise HostError(f"{self.name}: cannot read {path}: {result.stderr.strip() or result.returncode}")
+        try:
+            return window_from_script(result.stdout)
+        except WindowError as exc:
+            raise HostError(f"{self.name}: cannot read {path} ({exc}); does the host have head, tail and base64?") \
+                from None
+
     @abc.abstractmethod
     async def write_text(self, path: str, text: str) -> None:
         """Write a file atomically (a temporary file of its own, flushed to disk, renamed over the file),
@@ -205,8 +251,11 @@ class Host(abc.ABC):
         return result.returncode == 0
 
     @abc.abstractmethod
-    def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
-        """Yield lines appended to a file as they come (like tail -F), until the iterator is closed."""
+    def follow(
+        self, path: str, *, from_start: bool = True, offset: int | None = None
+    ) -> AsyncGenerator[str, None]:
+        """Yield lines appended to a file as they come (like tail -F), until the iterator is closed: from its
+        start, from its end (`from_start=False`), or from byte `offset` (a LogWindow's end)."""
 
     @property
     @abc.abstractmethod

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 import platformdirs
 
@@ -25,11 +26,13 @@ from app.core.hosts.base import (
     HostIdentity,
     LeaderMismatch,
     LeaderProof,
+    NotRegularFile,
     SpawnedProcess,
 )
 from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
 from app.core.hosts.lines import LineCutter
 from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, leader_says_alive, listening_ports, parse_stat_line
+from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow, window_from
 
 FOLLOW_POLL_S = 0.05  # LocalHost.follow: the poll after new lines
 FOLLOW_IDLE_MAX_S = 0.2  # ... and the longest while the file is quiet
@@ -77,6 +80,8 @@ class LocalHost(Host):
             return CommandResult(tuple(argv), 127, "", f"sh: 1: {argv[0]}: not found\n")
         except PermissionError as exc:
             return CommandResult(tuple(argv), 126, "", f"{argv[0]}: {exc.strerror}\n")
+        except OSError as exc:  # E2BIG (the command over ARG_MAX), ENOEXEC, ...: the command did not start
+            return CommandResult(tuple(argv), 126, "", f"{argv[0]}: cannot run it: {exc.strerror or exc}\n")
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except TimeoutError:
@@ -243,6 +248,18 @@ class LocalHost(Host):
         except FileNotFoundError:
             return None
 
+    async def read_window(
+        self, path: str, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES
+    ) -> LogWindow | None:
+        try:
+            return await asyncio.to_thread(_read_window, path, head_bytes, tail_bytes)
+        except FileNotFoundError:
+            return None
+        except NotRegularFile as exc:
+            raise NotRegularFile(f"{self.name}: {exc}") from None
+        except OSError as exc:
+            raise HostError(f"{self.name}: cannot read {path}: {exc.strerror or exc}") from None
+
     async def write_text(self, path: str, text: str) -> None:
         await asyncio.to_thread(_replace_file, Path(path), text, None, False)
 
@@ -253,7 +270,9 @@ class LocalHost(Host):
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(Path(path).unlink)
 
-    async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
+    async def follow(
+        self, path: str, *, from_start: bool = True, offset: int | None = None
+    ) -> AsyncGenerator[str, None]:
         """Poll the file; reopen it when it is replaced or truncated (like tail -F).
 
         The poll is 50 ms after a read that found lines and doubles while the file is quiet, up to
@@ -273,7 +292,10 @@ class LocalHost(Host):
                         await asyncio.sleep(0.05)
                         continue
                     inode = os.fstat(handle.fileno()).st_ino
-                    if not from_start and position == 0:
+                    if offset is not None and position == 0:
+                        handle.seek(offset)
+                        offset = None  # a file replaced later is read from its start
+                    elif not from_start and position == 0:
                         handle.seek(0, os.SEEK_END)
                     position = handle.tell()
                 chunk = handle.read(65536)
@@ -298,6 +320,21 @@ class LocalHost(Host):
             if handle is not None:
                 handle.close()
 
+
+def _read_window(path: str, head_bytes: int, tail_bytes: int) -> LogWindow:
+    """LocalHost.read_window in-line: opened without blocking (a FIFO would wait for a writer), regular files only."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file; tunedash reads logs only from files")
+        size = info.st_size
+        if size <= head_bytes + tail_bytes:
+            return window_from(os.pread(fd, size, 0), None, size)
+        start = size - tail_bytes - 1
+        return window_from(os.pread(fd, head_bytes, 0), os.pread(fd, tail_bytes + 1, start), size)
+    finally:
+        os.close(fd)
 
 def _read_stat(pid: int) -> ProcessInfo | None:
     try:

@@ -408,19 +408,30 @@ class SshHost(Host):
     async def remove(self, path: str) -> None:
         await self.run(["rm", "-f", "--", path])
 
-    async def follow(self, path: str, *, from_start: bool = True) -> AsyncGenerator[str, None]:
-        """`tail -F` over the connection; after a reconnect it resumes at the next unseen line."""
+    async def follow(
+        self, path: str, *, from_start: bool = True, offset: int | None = None
+    ) -> AsyncGenerator[str, None]:
+        """`tail -F` over the connection from byte `offset` (else the start, or the end); after a reconnect it
+        resumes at the next unseen line (`seen` lines after byte `start`)."""
+        start = max(0, int(offset or 0))
         seen = 0
-        if not from_start:
+        if offset is None and not from_start:
             count = await self.run(["sh", "-c", 'wc -l < "$1" 2>/dev/null || echo 0', "sh", path])
             seen = int(count.stdout.strip() or 0) if count.stdout.strip().isdigit() else 0
         while True:
             try:
-                async with contextlib.aclosing(self.stream_lines(["tail", "-F", "-n", f"+{seen + 1}", path])) as lines:
+                if seen:  # where the next unseen line starts: counted on the host, nothing crosses but a number
+                    skip = await self.run(["sh", "-c", 'tail -c "+$1" -- "$2" | head -n "$3" | wc -c', "sh",
+                                           str(start + 1), path, str(seen)], timeout=120.0)
+                    if skip.stdout.strip().isdigit():
+                        start += int(skip.stdout.strip())
+                    seen = 0
+                argv = ["tail", "-F", "-c", f"+{start + 1}", path]
+                async with contextlib.aclosing(self.stream_lines(argv)) as lines:
                     async for line in lines:
                         if line.startswith("\x00stderr:"):
                             if "truncated" in line or "replaced" in line or "has appeared" in line:
-                                seen = 0
+                                start, seen = 0, 0
                             continue
                         if line.startswith("\x00exit:"):
                             break

@@ -29,6 +29,7 @@ import getpass
 import hashlib
 import json
 import math
+import posixpath
 import re
 import secrets
 import socket
@@ -141,19 +142,40 @@ def _flag_value(value: object) -> bool:
     return isinstance(value, bool | int | float | str | dict)  # FlagValue, as the profile gave it
 
 
+EPOCH_MAX = 4102444800.0  # 2100-01-01: a launch time past it is not a time (1e300 would overflow localtime)
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid or group id is larger
+SECONDS_MAX = 1e7  # a phase of 115 days is not a phase
+MIB_MAX = 1 << 40
+
+
+def _is_epoch(value: object) -> bool:
+    """Seconds since the epoch that a clock could have said: finite, from 1970 to 2100."""
+    return _is_num(value) and 0 <= value <= EPOCH_MAX  # type: ignore[operator]
+
+
+def _is_pid(value: object) -> bool:
+    """null, or a process id the kernel could hand out (0 and 1 pass here: check_job refuses them by name)."""
+    return value is None or (_is_int(value) and 0 <= value <= PID_MAX)  # type: ignore[operator]
+
+
+def _is_seconds(value: object) -> bool:
+    return _is_num(value) and 0 <= value <= SECONDS_MAX  # type: ignore[operator]
+
+
 _FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "port": (lambda v: _is_int(v) and 0 <= v <= 65535, "a port number (0 when none)"),
+    "port": (lambda v: _is_int(v) and 0 <= v <= 65535, "a port number 1-65535 (0 when none)"),
     "outcome": (lambda v: True, "anything (an unknown one reads as running)"),
     "argv": (lambda v: isinstance(v, list) and all(map(_is_str, v)), "a list of strings"),
     "flags": (lambda v: isinstance(v, dict) and all(map(_flag_value, v.values())), "an object of flag values"),
-    "pid": (lambda v: v is None or _is_int(v), "an integer or null"),
-    "pgid": (lambda v: v is None or _is_int(v), "an integer or null"),
-    "launched_at": (_is_num, "a number"),
-    "gpus": (lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v), "a list of GPU indexes"),
-    "baseline_mib": (lambda v: isinstance(v, dict) and all(map(_is_int, v.values())), "an object of MiB"),
-    "phase_times": (lambda v: isinstance(v, dict) and all(map(_is_num, v.values())), "an object of seconds"),
-    "ready_at": (lambda v: v is None or _is_num(v), "a number or null"),
-    "generation": (lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    "pid": (_is_pid, f"a process id 0-{PID_MAX} or null"),
+    "pgid": (_is_pid, f"a process group id 0-{PID_MAX} or null"),
+    "launched_at": (_is_epoch, "seconds since the epoch (1970-2100)"),
+    "gpus": (lambda v: isinstance(v, list) and all(_is_int(i) and 0 <= i < 1024 for i in v), "a list of GPU indexes"),
+    "baseline_mib": (lambda v: isinstance(v, dict) and all(_is_int(m) and 0 <= m <= MIB_MAX for m in v.values()),
+                     "an object of MiB"),
+    "phase_times": (lambda v: isinstance(v, dict) and all(map(_is_seconds, v.values())), "an object of seconds"),
+    "ready_at": (lambda v: v is None or _is_epoch(v), "seconds since the epoch (1970-2100) or null"),
+    "generation": (lambda v: _is_int(v) and 0 <= v < 2**53, "a non-negative integer"),
 }
 
 
@@ -205,15 +227,28 @@ class RecordRead:
         return 0
 
 
+def log_path_problem(host: Host, log_path: str) -> str:
+    """Why a record's log path is not one tunedash wrote ("" when it is): it must lie in the host's
+    `<state dir>/logs/`, with no `..`, so a record can never make a reader open /dev/zero or someone's file."""
+    logs = posixpath.normpath(f"{host.state_dir}/logs")
+    if ".." in log_path.split("/") or not posixpath.normpath(log_path).startswith(logs + "/"):
+        return f"log_path: {_short(log_path)} is outside {logs}/"
+    return ""
+
+
 async def _read(host: Host, path: str) -> RecordRead:
     text = await host.read_text(path)
     if not text:
         return RecordRead(path, None, text)
     try:
-        return RecordRead(path, JobRecord.from_json(text), text)
+        record = JobRecord.from_json(text)
+        outside = log_path_problem(host, record.log_path)
+        if outside:
+            raise ValueError(outside)
+        return RecordRead(path, record, text)
     except (ValueError, TypeError) as exc:
-        problem = (f"the job record {path} is unreadable ({exc}); tunedash signals nothing it names and leaves it "
-                   "as it is until a launch replaces it")
+        problem = (f"the job record {path} is unreadable ({exc}); tunedash signals nothing it names and reads no "
+                   "log it names; remove the file or launch again to replace it")
         return RecordRead(path, None, text, problem)
 
 
@@ -232,6 +267,13 @@ async def load_job(host: Host, profile: Profile, *, report: Callable[[str], None
         _SAID.add((host.name, read.problem))
         report(read.problem)
     return read.record
+
+
+class BadRecord(TunedashError):
+    """A job record that cannot be read: the message (RecordRead.problem) names the file and what to do."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem, Reason.BAD_INPUT)
 
 
 class StaleRecord(TunedashError):

@@ -39,6 +39,7 @@ from app.core.data import (
 from app.core.errors import Reason
 from app.core.flags.discovery import ServerFlags, rejection_message
 from app.core.hosts.base import ConnectionChanged, Host, HostError, reach_url
+from app.core.hosts.window import LogWindow
 from app.core.logs.parser import LogParser
 from app.core.profiles.render import health_url, launch_argv, launch_env
 from app.core.profiles.types import Profile
@@ -54,7 +55,7 @@ from app.core.server.events import (
     StateChanged,
 )
 from app.core.server.health import check_url
-from app.core.server.preflight import LaunchRefused, claim_launch, preflight
+from app.core.server.preflight import LaunchRefused, claim_launch, preflight, refuse_unspawnable
 from app.core.server.release import (
     FreeProgress,
     FreeWatch,
@@ -107,7 +108,6 @@ class ServerLifecycle:
         self.before_act: Callable[[str], Awaitable[None]] | None = None
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
-        self._replay_left = 0  # log lines that were already there when we re-attached
         self._listeners = Listeners()
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
@@ -198,15 +198,22 @@ class ServerLifecycle:
             return False
         self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
         self._attached_times = dict(record.phase_times)
-        self._replay_left = (await self.host.read_text(record.log_path) or "").count("\n")
+        try:  # the lines already there are a replay: its window only (app.core.hosts.window), never the whole log
+            window: LogWindow | bool | None = await self.host.read_window(record.log_path)
+        except HostError as exc:
+            self._say(f"the log of {record.profile} is not followed ({exc}); its state comes from the process "
+                      "alone", "warning")
+            window = False
         self._set_state(ServerState.LAUNCHING)
-        self._start_watch(record)
+        self._start_watch(record, window)
         return True
 
     # ---- launch ----------------------------------------------------------------------------------
     async def preflight(self) -> dict[int, int]:
-        """Refuse to launch onto a running job, a taken port or held GPUs (LaunchRefused); the idle baseline."""
+        """Refuse to launch onto a running job, a taken port or held GPUs, or what the host could not spawn
+        (LaunchRefused); the idle baseline."""
         self.refuse_rejected(self.profile)
+        await refuse_unspawnable(self.host, self.profile)
         return await preflight(self.host, self.profile, self.telemetry)
 
     def refuse_rejected(self, profile: Profile) -> None:
@@ -252,8 +259,15 @@ class ServerLifecycle:
         self._set_state(ServerState.LAUNCHING)
         self._marks["LAUNCHING"] = time.monotonic()
         self.record = record
-        spawned = await self.host.spawn_detached(argv, log_path=log_path, env={**launch_env(profile),
-                                                                                **jobs.tag_env(record)})
+        try:
+            spawned = await self.host.spawn_detached(argv, log_path=log_path, env={**launch_env(profile),
+                                                                                    **jobs.tag_env(record)})
+        except HostError as exc:  # nothing started: say so, and leave the record as a launch that never ran
+            self._set_state(ServerState.STOPPED)
+            record.outcome = "killed"
+            with contextlib.suppress(HostError, jobs.StaleRecord):
+                await jobs.save_job(self.host, record)
+            raise LaunchRefused(f"the launch of {profile.name} did not start: {exc}", Reason.START_FAILED) from None
         jobs.fill_spawned(record, spawned)
         await self._save(record, follow=False)
         self._say(f"launched pid {spawned.pid} (group {spawned.pgid}) on {self.host.name}, log {log_path}")
@@ -263,7 +277,6 @@ class ServerLifecycle:
 
     def _reset_run(self) -> None:
         self._attached_times = None
-        self._replay_left = 0
         self.notices = []
         self.fatal = None
         self.last_lines.clear()
@@ -286,14 +299,16 @@ class ServerLifecycle:
         return self.state
 
     # ---- watching --------------------------------------------------------------------------------
-    def _start_watch(self, record: jobs.JobRecord) -> None:
+    def _start_watch(self, record: jobs.JobRecord, window: LogWindow | bool | None = None) -> None:
         if self._watch_task is not None:
             self._watch_task.cancel()
-        self._watch_task = asyncio.create_task(self._watch(record), name=f"watch {record.profile}")
+        self._watch_task = asyncio.create_task(self._watch(record, window), name=f"watch {record.profile}")
 
-    async def _watch(self, record: jobs.JobRecord) -> None:
+    async def _watch(self, record: jobs.JobRecord, window: LogWindow | bool | None = None) -> None:
+        """Follow the log (after replaying `window`, on an attach; False: the log is not followed) and poll the
+        group's liveness until it is gone."""
         parser = LogParser(record.backend, ready_regex=self.profile.ready_regex or None)
-        follower = asyncio.create_task(self._follow_log(record, parser))
+        follower = asyncio.create_task(self._follow_log(record, parser, window))
         if self.profile.health_url and not self.profile.ready_regex:
             self._spawn(self._poll_health_ready(record, follower))
         try:
@@ -371,14 +386,32 @@ class ServerLifecycle:
         record.outcome = "crashed"
         self._spawn(self._save(record), writes_record=True)
 
-    async def _follow_log(self, record: jobs.JobRecord, parser: LogParser) -> None:
-        async with contextlib.aclosing(self.host.follow(record.log_path)) as lines:
+    async def _follow_log(self, record: jobs.JobRecord, parser: LogParser, window: LogWindow | bool | None) -> None:
+        """The log's lines through the parser: a re-attach's `window` first (replayed), then from its end on."""
+        if window is False:
+            return
+        offset = None
+        if isinstance(window, LogWindow):
+            for line in window.head:
+                self._replay_line(line, parser, record)
+            if window.skipped:
+                for event in parser.flush():  # nothing spans the gap between the head and the tail
+                    self._handle_log_event(event, record, True)
+            for line in window.tail:
+                self._replay_line(line, parser, record)
+            if record.outcome == "ready":  # its ready line may lie in the part of the log not read
+                self._became_ready(record, confirm=False)
+            offset = window.end
+        async with contextlib.aclosing(self.host.follow(record.log_path, offset=offset)) as lines:
             async for line in lines:
                 self.last_lines.append(line)
-                replayed = self._replay_left > 0
-                self._replay_left = max(0, self._replay_left - 1)
                 for event in parser.feed(line):
-                    self._handle_log_event(event, record, replayed)
+                    self._handle_log_event(event, record)
+
+    def _replay_line(self, line: str, parser: LogParser, record: jobs.JobRecord) -> None:
+        self.last_lines.append(line)
+        for event in parser.feed(line):
+            self._handle_log_event(event, record, True)
 
     def _handle_log_event(self, event: LogEvent, record: jobs.JobRecord, replayed: bool = False) -> None:
         self._emit(ServerLogEvent(event, replayed))
@@ -560,6 +593,7 @@ class ServerLifecycle:
                        change: str | None = None) -> ServerState:
         """kill -> confirm free -> launch -> wait ready, with the new profile (flags); `change` is said first."""
         self.refuse_rejected(profile)  # a doomed relaunch keeps the running server
+        await refuse_unspawnable(self.host, profile)  # so does one the host could not start (E2BIG, no python)
         if change:
             self._say(f"relaunch: {change}")
         self._marks.clear()

@@ -12,6 +12,7 @@ import time
 from app.core.data import Holder
 from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host
+from app.core.profiles.render import launch_argv, launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.telemetry.freecheck import FreeCheck, learn_baseline
@@ -47,6 +48,16 @@ async def _refuse_live(host: Host, profile: Profile, record: jobs.JobRecord | No
             "once that server is gone",
             Reason.ALREADY_RUNNING,
         )
+
+
+async def refuse_unspawnable(host: Host, profile: Profile) -> None:
+    """LaunchRefused (bad input) when the host could not spawn the profile's launch: the command over its argument
+    limits (a flag value over 128 KiB) or its program missing. Called before a relaunch kills anything."""
+    log_path = jobs.log_path_for(host, profile)
+    env = {**launch_env(profile), jobs.TAG_ENV: "0" * 16}
+    problem = await host.spawn_problem(launch_argv(profile), log_path=log_path, env=env)
+    if problem:
+        raise LaunchRefused(f"{profile.source}: {problem}", Reason.BAD_INPUT)
 
 
 async def claim_launch(host: Host, profile: Profile, record: jobs.JobRecord) -> None:
