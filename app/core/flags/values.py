@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+from app.core import jsontext
 from app.core.data import BACKENDS, FlagValue, first_control_character, printable
 from app.core.flags.catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagSpec
 
@@ -88,6 +89,11 @@ def unknown_flag_message(backend: str, name: str) -> str:
     return f"unknown {nice} flag --{bare}; no known flag is close (check `--help` of the server)"
 
 
+def _short(text: str) -> str:
+    """`text` as an error quotes it: its first 60 characters (a 200 KB value is not echoed whole)."""
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + f"... ({len(text)} characters)"
+
+
 def _type_name(value: object) -> str:
     return {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table",
             list: "array"}.get(type(value), type(value).__name__)
@@ -126,6 +132,10 @@ def check_value(spec: FlagSpec, value: object) -> FlagValue:
         raise FlagError(f"expected true/false, a number or a string (put anything else in `command`), {got}")
     if spec.kind == "json":
         if isinstance(value, dict):
+            try:
+                jsontext.check_depth(value)
+            except jsontext.JsonTooDeep as exc:
+                raise FlagError(f"expected a table (JSON object): {exc}") from None
             return dict(value)
         if isinstance(value, str):
             return _json_object(value)
@@ -140,11 +150,13 @@ def check_value(spec: FlagSpec, value: object) -> FlagValue:
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(text)
+        parsed = jsontext.loads(text)
+    except jsontext.JsonTooDeep as exc:
+        raise FlagError(f"expected a JSON object, got {_short(text)}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise FlagError(f"expected a JSON object, got {text!r} ({exc.msg} at column {exc.colno})") from None
+        raise FlagError(f"expected a JSON object, got {_short(text)} ({exc.msg} at column {exc.colno})") from None
     if not isinstance(parsed, dict):
-        raise FlagError(f"expected a JSON object, got {text!r}")
+        raise FlagError(f"expected a JSON object, got {_short(text)}")
     return parsed
 
 
@@ -207,7 +219,9 @@ def parse_json_scalar(text: str) -> Any:
     Text holding a control character is refused (a FlagError)."""
     _refuse_control_characters(text)
     try:
-        return json.loads(text)
+        return jsontext.loads(text)
+    except jsontext.JsonTooDeep as exc:
+        raise FlagError(f"{_short(text)}: {exc}") from None
     except json.JSONDecodeError:
         return text
 
