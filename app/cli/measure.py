@@ -225,9 +225,17 @@ def _report_ab(experiment: Experiment, args: argparse.Namespace, store: HistoryS
 
 
 # ---- history and export --------------------------------------------------------------------------
+def _say_skipped(store: HistoryStore) -> None:
+    """The rows a read skipped, on stderr (stdout stays the table or the JSON)."""
+    note = store.skipped_note()
+    if note:
+        print(f"tunedash: {note}", file=sys.stderr)
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     with _store() as store:
         runs = store.runs(args.limit)
+        _say_skipped(store)
         if args.json:
             say(json.dumps([{
                 "id": r.id, "kind": r.kind, "profile": r.profile, "host": r.host, "backend": r.backend,
@@ -256,7 +264,10 @@ def _bench_line(summary: dict[str, Any] | None) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _store() as store:
-        run = store.run(args.id)
+        try:
+            run = store.run(args.id)
+        except StoreError as exc:
+            raise CliError(str(exc)) from None
         if run is None:
             raise CliError(f"no run #{args.id} in {store.path}; `tunedash history` lists the runs")
         if args.format == "svg":
@@ -265,6 +276,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             text = asyncio.run(compare_svg(run, store.request_rows(run.id)))
         else:
             text = export_run(run, args.format)
+        _say_skipped(store)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:

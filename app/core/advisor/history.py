@@ -170,7 +170,9 @@ def references(runs: Iterable[RunRow]) -> list[Reference]:
     """Every arm of `runs` with a measured output tok/s."""
     found = []
     for run in runs:
-        concurrency = int(run.params.get("bench", {}).get("concurrency") or 1)
+        bench = run.params.get("bench")
+        concurrency = int(_number(bench.get("concurrency") if isinstance(bench, dict) else None) or 1)  # a row's JSON
+        concurrency = concurrency if 1 <= concurrency <= 1 << 20 else 1
         summary = run.summary or {}
         if run.kind == "bench":
             value = _number(summary.get("output_tok_s"))

@@ -22,6 +22,7 @@ per arm).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.core import jsontext
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
@@ -171,8 +174,65 @@ class RunRow:
         return [by_launch[k] for k in sorted(by_launch)]
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+EPOCH_MAX = 4102444800.0  # 2100-01-01: a time past it (1e300) is not one a clock wrote
+
+
+class BadRow(ValueError):
+    """A history row whose values are not what tunedash writes (a hand edit, another tool, a torn disk)."""
+
+
+def _loads(text: object) -> Any:
+    """A JSON column: None stays None; text nested past jsontext's cap, or not JSON, is a BadRow."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise BadRow(f"expected JSON text, got {type(text).__name__}")
+    try:
+        return jsontext.loads(text)
+    except ValueError as exc:  # JSONDecodeError and JsonTooDeep
+        raise BadRow(f"unreadable JSON ({str(exc)[:80]})") from None
+
+
+def _json_dict(text: object, *, optional: bool = False) -> dict[str, Any] | None:
+    value = _loads(text)
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise BadRow(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _epoch(value: object, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= EPOCH_MAX:
+        raise BadRow(f"expected seconds since the epoch (1970-2100), got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _number(value: object) -> float | None:
+    """None, or a finite number (a trial's tok/s, an acceptance length, seconds)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRow(f"expected a number, got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _int(value: object, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**53:
+        raise BadRow(f"expected an integer, got {str(value)[:40]!r}")
+    return value
+
+
+def _text(value: object, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise BadRow(f"expected text, got {str(value)[:40]!r}")
+    return value
 
 
 class HistoryStore:
@@ -180,6 +240,8 @@ class HistoryStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_path()
+        self.skipped = 0  # rows the reads since opening skipped as unreadable (see "reads" below)
+        self.skipped_why: list[str] = []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
@@ -271,47 +333,110 @@ class HistoryStore:
         )
 
     # ---- reads -----------------------------------------------------------------------------------
+    # Every row is checked as it is read (types, finite numbers, plausible times, JSON nested at most 32 deep): a
+    # row that fails is skipped and counted in `skipped` (with why in `skipped_why`), so one bad row never hides the
+    # others nor ends in a traceback; callers say "N unreadable rows skipped" (skipped_note).
+    def _skip(self, what: str, exc: Exception) -> None:
+        self.skipped += 1
+        if len(self.skipped_why) < 20:
+            self.skipped_why.append(f"{what}: {exc}")
+
+    def skipped_note(self) -> str:
+        """ "1 unreadable row skipped (run #3: ...) in FILE" when reads skipped rows; "" otherwise."""
+        if not self.skipped:
+            return ""
+        why = f" ({self.skipped_why[0]})" if self.skipped_why else ""
+        return (f"{self.skipped} unreadable history row{'s' if self.skipped != 1 else ''} skipped{why} in {self.path}")
+
     def _run_row(self, row: sqlite3.Row | tuple[Any, ...]) -> RunRow:
         (rid, kind, profile, host, backend, model, started, finished, status, params, summary, verdict, note,
          count) = row
-        return RunRow(rid, kind, profile, host, backend, model, started, finished, status, _loads(params) or {},
-                      _loads(summary), verdict, note, trial_count=int(count or 0))
+        return RunRow(_int(rid) or 0, _text(kind) or "", _text(profile) or "", _text(host) or "", _text(backend) or "",
+                      _text(model) or "", _epoch(started) or 0.0, _epoch(finished, optional=True),
+                      _text(status) or "", _json_dict(params) or {}, _json_dict(summary, optional=True),
+                      _text(verdict, optional=True), _text(note, optional=True), trial_count=int(count or 0))
+
+    def _checked_run_row(self, row: sqlite3.Row | tuple[Any, ...]) -> RunRow | None:
+        try:
+            return self._run_row(row)
+        except BadRow as exc:
+            self._skip(f"run #{row[0]}", exc)
+            return None
 
     _RUN_COLUMNS = ("r.id, r.kind, r.profile, r.host, r.backend, r.model, r.started_at, r.finished_at, r.status, "
                     "r.params, r.summary, r.verdict, r.note, (SELECT COUNT(*) FROM trials t WHERE t.run_id = r.id)")
 
     def runs(self, limit: int = 200) -> list[RunRow]:
-        """The newest runs first, without their trials."""
+        """The newest runs first, without their trials; unreadable rows skipped (counted in `skipped`)."""
         rows = self.db.execute(f"SELECT {self._RUN_COLUMNS} FROM runs r ORDER BY r.id DESC LIMIT ?", (limit,))
-        return [self._run_row(row) for row in rows.fetchall()]
+        return [run for run in map(self._checked_run_row, rows.fetchall()) if run is not None]
 
     def run(self, run_id: int) -> RunRow | None:
-        """One run with its arms, trials and launches."""
+        """One run with its arms, trials and launches (unreadable ones skipped and counted); StoreError when the
+        run's own row is unreadable."""
         row = self.db.execute(f"SELECT {self._RUN_COLUMNS} FROM runs r WHERE r.id = ?", (run_id,)).fetchone()
         if row is None:
             return None
-        base = self._run_row(row)
-        arms = [ArmRow(idx, label, overrides, _loads(flags) or {}) for idx, label, overrides, flags in self.db.execute(
-            "SELECT idx, label, overrides, flags FROM arms WHERE run_id = ? ORDER BY idx", (run_id,))]
-        trials = [TrialRow(a, t, at, v, _loads(s) or {}, al, src or "", int(li or 0))
-                  for a, t, at, v, s, al, src, li in self.db.execute(
-                      "SELECT arm_idx, trial_idx, at, value, summary, accept_len, accept_source, launch_idx "
-                      "FROM trials WHERE run_id = ? ORDER BY id", (run_id,))]
-        launches = [LaunchRow(a, at, _loads(argv) or [], _loads(fl) or {}, _loads(sf), _loads(pt) or {}, out,
-                              int(li or 0))
-                    for a, at, argv, fl, sf, pt, out, li in self.db.execute(
-                        "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome, launch_idx FROM launches "
-                        "WHERE run_id = ? ORDER BY id", (run_id,))]
+        try:
+            base = self._run_row(row)
+        except BadRow as exc:
+            raise StoreError(f"{self.path}: run #{run_id} is unreadable ({exc}); `tunedash history` lists the "
+                             "others") from None
+        arms = []
+        for idx, label, overrides, flags in self.db.execute(
+                "SELECT idx, label, overrides, flags FROM arms WHERE run_id = ? ORDER BY idx", (run_id,)):
+            try:
+                arms.append(ArmRow(_int(idx) or 0, _text(label) or "", _text(overrides) or "", _json_dict(flags) or {}))
+            except BadRow as exc:
+                self._skip(f"run #{run_id} arm {idx}", exc)
+        trials = []
+        for a, t, at, v, s, al, src, li in self.db.execute(
+                "SELECT arm_idx, trial_idx, at, value, summary, accept_len, accept_source, launch_idx "
+                "FROM trials WHERE run_id = ? ORDER BY id", (run_id,)):
+            try:
+                trials.append(TrialRow(_int(a) or 0, _int(t) or 0, _epoch(at) or 0.0, _number(v),
+                                       _json_dict(s) or {}, _number(al), _text(src, optional=True) or "",
+                                       _int(li, optional=True) or 0))
+            except BadRow as exc:
+                self._skip(f"run #{run_id} trial {t}", exc)
+        launches = []
+        for a, at, argv, fl, sf, pt, out, li in self.db.execute(
+                "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome, launch_idx FROM launches "
+                "WHERE run_id = ? ORDER BY id", (run_id,)):
+            try:
+                argv_list = _loads(argv) or []
+                times = _json_dict(pt) or {}
+                if not isinstance(argv_list, list) or not all(isinstance(x, str) for x in argv_list):
+                    raise BadRow("argv: expected a list of strings")
+                launches.append(LaunchRow(_int(a, optional=True), _epoch(at) or 0.0, argv_list, _json_dict(fl) or {},
+                                          _json_dict(sf, optional=True),
+                                          {str(k): _number(x) or 0.0 for k, x in times.items()},
+                                          _text(out) or "", _int(li, optional=True) or 0))
+            except BadRow as exc:
+                self._skip(f"run #{run_id} launch", exc)
         return RunRow(**{**base.__dict__, "arms": arms, "trials": trials, "launches": launches})
 
     def request_rows(self, run_id: int) -> list[dict[str, Any]]:
-        """Every stored request of a run, with its arm and trial (for CSV export and audits)."""
+        """Every stored request of a run, with its arm and trial (for CSV export and audits); unreadable rows
+        skipped and counted."""
         cur = self.db.execute(
             "SELECT t.arm_idx, t.launch_idx, t.trial_idx, q.idx, q.ok, q.output_tokens, q.ttft_s, q.latency_s, "
             "q.tpot_s, q.start_s, q.usage_missing, q.error FROM requests q JOIN trials t ON q.trial_id = t.id "
             "WHERE t.run_id = ? ORDER BY t.id, q.idx", (run_id,))
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        rows = []
+        for row in cur.fetchall():
+            try:
+                for value in (*row[:6], row[10]):
+                    _int(value, optional=True)
+                for value in row[6:10]:
+                    _number(value)
+                _text(row[11], optional=True)
+            except BadRow as exc:
+                self._skip(f"run #{run_id} request {row[3]}", exc)
+                continue
+            rows.append(dict(zip(names, row, strict=True)))
+        return rows
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
