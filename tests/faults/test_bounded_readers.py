@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 from pathlib import Path
+
+import pytest
 
 from app.connect import host_for
 from app.core.advisor.evidence import gather_evidence
@@ -21,6 +24,8 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import SmiTelemetry
 from tests.helpers import MakeProfile, until
 from tests.integration.conftest import tunedash
+from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
+from tests.integration.test_ssh_cli import cli, ssh_profile  # noqa: F401 - the sim host behind the sshd
 
 BIG = 4 * 2**30
 
@@ -115,3 +120,25 @@ async def test_attach_and_the_fleet_on_a_4_gib_log_see_ready_and_follow_new_line
         await lifecycle.close()
         await host.close()
     await asyncio.sleep(0)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_status_over_ssh_on_a_4_gib_log_cuts_the_window_on_the_host(sshd: Sshd, ssh_tmp: Path,  # noqa: F811
+                                                                     ssh_profile) -> None:  # noqa: F811
+    """Over SSH the window is cut by head/tail on the host: a 4 GiB log would not cross the connection in any time a
+    test waits, nor fit in memory."""
+    home = sshd.make_home(ssh_tmp / "home")
+    profile = str(ssh_profile())
+    launched = cli(home, "launch", profile, "--wait", "--timeout", "60")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    log = Path(launched.stdout.rsplit(", log ", 1)[1].split()[0])
+    if not log.is_absolute():  # the remote state folder is relative to the SSH user's home
+        log = Path(pwd.getpwnam(sshd.user).pw_dir) / log
+    _grow(log)
+
+    status = cli(home, "status", profile, "--json", timeout=60)
+
+    assert status.returncode == 0, status.stdout + status.stderr
+    data = json.loads(status.stdout)
+    assert data["state"] == "READY" and data["log_skipped_bytes"] > BIG - 4 * 2**20
