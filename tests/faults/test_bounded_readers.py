@@ -110,7 +110,7 @@ async def test_attach_and_the_fleet_on_a_4_gib_log_see_ready_and_follow_new_line
         assert fleet.rows()[0].error == ""
         assert lifecycle.record is not None
         evidence = await gather_evidence(host, lifecycle.record)  # the advisor reads the window too
-        assert evidence.log_lines is not None and evidence.decode, evidence.problems
+        assert evidence.log_lines and evidence.phases, evidence.problems  # the startup, from the head
         with log.open("a") as handle:  # noqa: ASYNC230 - a line written after the attach is followed
             handle.write("[2026-12-01 10:00:00] WARNING: a notice written after the attach\n")
         await until(lambda: any("after the attach" in line for line in lifecycle.last_lines), 10,

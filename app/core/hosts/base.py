@@ -115,7 +115,7 @@ class Host(abc.ABC):
 
     async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
         """Why spawn_detached(argv, ...) would fail on this host ("" when it would start): the command over the
-        host's argument limits (detach.argv_size_problem: ARG_MAX from `getconf`, one argument at most
+        host's argument limits (argv_limits.argv_size_problem: ARG_MAX from `getconf`, one argument at most
         MAX_ARG_STRLEN; a remote command is also one string) or its program not found. Checked before a relaunch
         kills anything."""
         script = f"getconf ARG_MAX 2>/dev/null || echo 0; env | wc -c; {PROGRAM_SCRIPT} && echo found || echo missing"
