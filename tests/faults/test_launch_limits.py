@@ -4,9 +4,20 @@ limit (MAX_ARG_STRLEN), a program that is not there. The READY server keeps runn
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tests.helpers import MakeProfile
+import pytest
+
+from app.core.data import ServerState
+from app.core.errors import Reason
+from app.core.hosts.base import HostError, SpawnedProcess
+from app.core.profiles.loading import parse_profile
+from app.core.server.jobs import job_path
+from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.preflight import LaunchRefused
+from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
+from tests.helpers import MakeProfile, free_port
 from tests.integration.conftest import tunedash
 
 
@@ -49,3 +60,25 @@ def test_a_missing_program_is_refused_and_the_ready_server_keeps_running(make_pr
     assert "/nonexistent/python3" in relaunched.stderr and "nothing was stopped" in relaunched.stderr
     status = json.loads(tunedash("status", str(profile), "--json").stdout)
     assert status["state"] == "READY" and status["pid"] == before["pid"]
+
+
+class SpawnFails(InMemoryHost):
+    """A host whose spawn fails as an exec does (E2BIG past the checks, a binary that will not run)."""
+
+    async def spawn_detached(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None,
+                             cwd: str | None = None) -> SpawnedProcess:
+        raise HostError(f"{self.name}: could not start `{argv[0]}` detached: Argument list too long")
+
+
+async def test_a_spawn_error_is_a_clean_refusal_and_the_state_says_stopped(tmp_path: Path) -> None:
+    text = f'name = "lc"\nhost = "local"\nbackend = "sglang"\nmodel = "m"\nport = {free_port()}\ngpus = [0, 1]\n'
+    profile = parse_profile(text, tmp_path / "lc.toml")
+    host = SpawnFails()
+    lifecycle = ServerLifecycle(host, profile, ScriptedTelemetry(gpu_reading({0: 0, 1: 0})))
+    with pytest.raises(LaunchRefused) as caught:
+        await lifecycle.launch()
+    assert caught.value.reason == Reason.START_FAILED
+    assert "did not start" in str(caught.value) and "Argument list too long" in str(caught.value)
+    assert lifecycle.state == ServerState.STOPPED
+    assert json.loads(host.files[job_path(host, profile)])["outcome"] == "killed"  # not a launch left "launching"
+    await lifecycle.close()
