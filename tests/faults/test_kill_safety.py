@@ -127,7 +127,7 @@ async def _record(host: CountingHost, profile: Profile, spawned: SpawnedProcess,
     identity = await host.boot_identity()
     record = jobs.JobRecord(
         profile=profile.name, host=host.name, backend="custom", model="", port=0, argv=["sleep", "300"], flags={},
-        pid=spawned.pid, pgid=spawned.pgid, start_time=spawned.start_time, log_path="/dev/null",
+        pid=spawned.pid, pgid=spawned.pgid, start_time=spawned.start_time, log_path=jobs.log_path_for(host, profile),
         launched_by="test@here", launched_at=time.time(), gpus=[], profile_file=jobs.profile_file_of(profile),
         tag=tag, boot_id=identity.boot_id, hostname=identity.hostname,
     )
@@ -225,7 +225,8 @@ async def test_an_empty_start_time_and_a_non_integer_group_are_refused(
     text.update(pgid="abc", start_time=spawned.start_time)
     _write_record(host, profile, json.dumps(text))
     said = await _kill_said(host, profile)
-    assert any("unreadable (pgid: expected an integer or null, got 'abc')" in line for line in said), said
+    assert any("unreadable (pgid: expected a process group id 0-4194304 or null, got 'abc')" in line
+               for line in said), said
     assert json.loads(_record_bytes(host, profile))["pgid"] == "abc"  # left as it is
     assert host.sent == [] and _alive(spawned.pid)
 
@@ -305,7 +306,7 @@ async def main():
     identity = await host.boot_identity()
     me = os.getpid()
     base = dict(profile="ns", host="local", backend="custom", model="", port=0, argv=[], flags={},
-                log_path="/dev/null", launched_by="t", launched_at=0.0, gpus=[], tag=tag,
+                log_path=sys.argv[2] + "/logs/ns.log", launched_by="t", launched_at=0.0, gpus=[], tag=tag,
                 boot_id=identity.boot_id, hostname=identity.hostname)
     cases = {
         "pgid 0": dict(pid=0, pgid=0, start_time="0"),
