@@ -177,8 +177,7 @@ class InMemoryHost(CommandOnlyHost):
         return True
 
     async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
-        return argv_size_problem(argv, log_path, env or {}, arg_max=ARG_MAX_FALLBACK, one_string=False,
-                                 where=self.name)
+        return argv_size_problem(argv, log_path, env or {}, arg_max=ARG_MAX_FALLBACK, where=self.name)
 
     async def read_window(
         self, path: str, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES

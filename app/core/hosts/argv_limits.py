@@ -3,7 +3,6 @@ kills anything: a 200 KB flag value is refused naming the flag instead of ending
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 
 MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argument or environment string may hold, its NUL included
@@ -24,12 +23,13 @@ def _flag_of(argv: Sequence[str], index: int) -> str:
 
 
 def argv_size_problem(
-    argv: Sequence[str], log_path: str, env: Mapping[str, str], *, arg_max: int, one_string: bool, where: str
+    argv: Sequence[str], log_path: str, env: Mapping[str, str], *, arg_max: int, where: str
 ) -> str:
-    """Why the detached launch of `argv` would fail with E2BIG ("" when it fits): an argument, an environment
-    value or (`one_string`: an SSH command, which the remote shell receives as one `-c` argument) the whole
-    command over MAX_ARG_STRLEN, or everything together over `arg_max` (the host's ARG_MAX less what its own
-    environment takes). Said before anything is killed, naming the flag."""
+    """Why the detached launch of `argv` would fail with E2BIG ("" when it fits): an argument or an environment
+    value over MAX_ARG_STRLEN, or everything together over `arg_max` (the host's ARG_MAX less what its own
+    environment takes). Over SSH too the command reaches exec(2) as separate arguments (the script goes to
+    /bin/sh on stdin: docs/decisions.md#ssh-commands-through-a-fixed-binsh), so the same limits hold. Said
+    before anything is killed, naming the flag."""
     limit = MAX_ARG_STRLEN - 1
     for index, item in enumerate(argv):
         size = len(item.encode())
@@ -43,14 +43,6 @@ def argv_size_problem(
                     f"{limit} bytes in one (MAX_ARG_STRLEN): shorten it; nothing was stopped or started")
     words = ["sh", "-c", DETACH_SCRIPT_ROOM, "sh", log_path, "env", *(f"{k}={v}" for k, v in env.items()), *argv]
     total = sum(len(word.encode()) + 1 + 8 for word in words)  # each string, its NUL and its pointer
-    if one_string:
-        command = len(shlex.join(words).encode()) + 64  # the env prefix and the login shell's own words
-        if command > limit:
-            largest = max(range(len(argv)), key=lambda i: len(argv[i]))
-            return (f"{where}: the launch command is {command} bytes; over SSH the remote shell receives it as one "
-                    f"argument of at most {limit} bytes (Linux's MAX_ARG_STRLEN); its largest value is "
-                    f"{_flag_of(argv, largest)} ({len(argv[largest].encode())} bytes): shorten it; nothing was "
-                    "stopped or started")
     if total > arg_max:
         return (f"{where}: the launch command is {total} bytes, over the host's limit of {arg_max} (ARG_MAX less its "
                 "environment): shorten the flag values; nothing was stopped or started")

@@ -116,7 +116,7 @@ class Host(abc.ABC):
     async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
         """Why spawn_detached(argv, ...) would fail on this host ("" when it would start): the command over the
         host's argument limits (argv_limits.argv_size_problem: ARG_MAX from `getconf`, one argument at most
-        MAX_ARG_STRLEN; a remote command is also one string) or its program not found. Checked before a relaunch
+        MAX_ARG_STRLEN) or its program not found. Checked before a relaunch
         kills anything."""
         script = f"getconf ARG_MAX 2>/dev/null || echo 0; env | wc -c; {PROGRAM_SCRIPT} && echo found || echo missing"
         result = await self.run(["sh", "-c", script, "sh", argv[0] if argv else ""], timeout=30.0, env=env)
@@ -125,8 +125,7 @@ class Host(abc.ABC):
             return ""  # the host did not answer the check: the spawn itself says what went wrong
         arg_max = int(lines[0]) if lines[0].isdigit() and int(lines[0]) > 0 else ARG_MAX_FALLBACK
         environ = int(lines[1]) if lines[1].isdigit() else 0
-        size = argv_size_problem(argv, log_path, env or {}, arg_max=arg_max - environ - 4096,
-                                 one_string=not getattr(self, "is_local", False), where=self.name)
+        size = argv_size_problem(argv, log_path, env or {}, arg_max=arg_max - environ - 4096, where=self.name)
         if size:
             return size
         if lines[2] == "missing":
