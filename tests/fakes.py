@@ -13,7 +13,15 @@ from pathlib import Path
 
 from app.core.data import GpuProcess, GpuSample, GpuSnapshot
 from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, argv_size_problem
-from app.core.hosts.base import CommandResult, Host, HostIdentity, LeaderMismatch, LeaderProof, SpawnedProcess
+from app.core.hosts.base import (
+    CommandResult,
+    Host,
+    HostIdentity,
+    LeaderMismatch,
+    LeaderProof,
+    PathAge,
+    SpawnedProcess,
+)
 from app.core.hosts.procfs import ProcessInfo, parse_stat_line
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow, window_from
 
@@ -98,6 +106,7 @@ class InMemoryHost(CommandOnlyHost):
     next_pid: int = 48921
     identity: HostIdentity = field(default_factory=lambda: HostIdentity("0d5e5c1e-fake-boot", "gpu-box"))
     environs: dict[int, dict[str, str]] = field(default_factory=dict)
+    written: dict[str, float] = field(default_factory=dict)  # path -> when it was last written (monotonic)
 
     async def spawn_detached(
         self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None, cwd: str | None = None
@@ -166,6 +175,7 @@ class InMemoryHost(CommandOnlyHost):
 
     async def write_text(self, path: str, text: str) -> None:
         self.files[path] = text
+        self.written[path] = time.monotonic()
 
     async def remove(self, path: str) -> None:
         self.files.pop(path, None)
@@ -173,8 +183,13 @@ class InMemoryHost(CommandOnlyHost):
     async def create_exclusive(self, path: str, text: str) -> bool:
         if path in self.files:
             return False
-        self.files[path] = text
+        await self.write_text(path, text)
         return True
+
+    async def path_age(self, path: str) -> PathAge | None:
+        if path not in self.files:
+            return None
+        return PathAge(time.monotonic() - self.written.get(path, 0.0), True)
 
     async def spawn_problem(self, argv: Sequence[str], *, log_path: str, env: Mapping[str, str] | None = None) -> str:
         return argv_size_problem(argv, log_path, env or {}, arg_max=ARG_MAX_FALLBACK, where=self.name)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.core.data import ConnectionState
 from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, PROGRAM_SCRIPT, argv_size_problem
 from app.core.hosts.procfs import ProcessInfo, group_alive_in
-from app.core.hosts.shell_scripts import ENV_VALUE_SCRIPT, FIND_ENV_SCRIPT, IDENTITY_SCRIPT, PROVEN_SIGNAL_SCRIPT
+from app.core.hosts.shell_scripts import (
+    AGE_SCRIPT,
+    CREATE_SCRIPT,
+    ENV_VALUE_SCRIPT,
+    FIND_ENV_SCRIPT,
+    FOLDER_SCRIPT,
+    IDENTITY_SCRIPT,
+    PROVEN_SIGNAL_SCRIPT,
+)
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, WINDOW_SCRIPT, LogWindow, WindowError, window_from_script
 
 
@@ -65,6 +74,32 @@ class LeaderProof:
     pgid: int
     start_time: str
     env_line: str
+
+
+@dataclass(frozen=True)
+class PathAge:
+    """How long ago a path on a host was last modified, by that host's own clock (its mtime against the host's
+    time, both read on the host: one clock for every client). Read with lstat: a link is never followed."""
+
+    age_s: float  # negative: modified "in the future" of the host's clock
+    plain: bool  # a plain file (not a symbolic link, folder, fifo, ...)
+    text: str | None = None  # its first bytes, when asked for (`read`) and it is a plain file
+    cut: bool = False  # it holds more than the bytes asked for
+
+
+def parse_age(text: str) -> PathAge | None:
+    """AGE_SCRIPT's line "PLAIN NOW MTIME DATE TIME.FRACTION ZONE" as a PathAge; None when it is not one. NOW
+    may lack its fraction (a `date` without %N) and MTIME's fraction comes from stat's %y."""
+    parts = text.split()
+    if len(parts) < 4 or parts[0] not in ("0", "1"):
+        return None
+    now_whole, _, now_fraction = parts[1].partition(".")
+    _, _, mtime_fraction = parts[4].partition(".") if len(parts) > 4 else ("", "", "")
+    if not (now_whole.isdigit() and parts[2].lstrip("-").isdigit()):
+        return None
+    now = int(now_whole) + (float(f"0.{now_fraction}") if now_fraction.isdigit() else 0.0)
+    mtime = int(parts[2]) + (float(f"0.{mtime_fraction}") if mtime_fraction.isdigit() else 0.0)
+    return PathAge(now - mtime, parts[0] == "1")
 
 
 class HostError(Exception):
@@ -225,12 +260,14 @@ class Host(abc.ABC):
     @abc.abstractmethod
     async def write_text(self, path: str, text: str) -> None:
         """Write a file atomically (a temporary file of its own, flushed to disk, renamed over the file),
-        creating its folder; a write cut short leaves the old file as it was."""
+        creating its folder (as `make_folder`); a write cut short leaves the old file as it was. The file is
+        0600; a symbolic link at `path` is replaced, never followed."""
 
     async def swap_text(self, path: str, text: str, *, expect: str | None) -> bool:
         """Replace `path` with `text` only if it still holds `expect` (None: only if it does not exist); False
         when it holds something else. Hosts do the compare and the rename under a lock on the file
-        (`<path>.lock`), so two writers never both win; this default (read, compare, write) is for hosts
+        (`<path>.lock`, 0600), so two writers never both win; a symbolic link at `path` or at its lock is
+        refused (HostError naming it), never followed. This default (read, compare, write) is for hosts
         with a single writer (tests)."""
         if await self.read_text(path) != expect:
             return False
@@ -242,12 +279,38 @@ class Host(abc.ABC):
         """Remove a file if it exists."""
 
     async def create_exclusive(self, path: str, text: str) -> bool:
-        """Create `path` holding `text` unless it exists (O_EXCL, the shell's noclobber): True when this call
-        created it. Two callers racing for one path: exactly one gets True. Its folder is created as needed."""
-        folder = path.rsplit("/", 1)[0] if "/" in path else "."
-        script = 'mkdir -p -- "$1" && set -C && printf "%s" "$3" > "$2"'
-        result = await self.run(["sh", "-c", script, "sh", folder, path, text], timeout=30.0)
-        return result.returncode == 0
+        """Create `path` holding `text` unless it exists (a symbolic link counts as existing): True when this
+        call created it. The text goes to a temporary file of its own first, which is then hard-linked to
+        `path` (link(2) fails when `path` exists): two callers racing for one path, exactly one gets True, and
+        a crash or a full disk never leaves `path` half written. Its folder is created as `make_folder` does;
+        the file is 0600. HostError when the host cannot create it at all."""
+        result = await self.run(["sh", "-c", CREATE_SCRIPT, "sh", self.state_dir, path, text], timeout=30.0)
+        if result.returncode in (0, 53):
+            return result.returncode == 0
+        raise HostError(f"{self.name}: cannot create {path}: {result.stderr.strip() or result.returncode}")
+
+    async def path_age(self, path: str, *, read: int = 0) -> PathAge | None:
+        """How long ago `path` was modified, by this host's clock, and (`read` > 0) its first `read` bytes when
+        it is a plain file; None when nothing is there. A link is never followed (nor read)."""
+        result = await self.run(["sh", "-c", AGE_SCRIPT, "sh", path, str(read + 1 if read > 0 else 0)], timeout=30.0)
+        if result.returncode == 44:
+            return None
+        stamp, _, rest = result.stdout.partition("\n")
+        age = parse_age(stamp) if result.returncode == 0 else None
+        if age is None:
+            raise HostError(f"{self.name}: cannot read the age of {path}: "
+                            f"{(result.stderr or result.stdout).strip() or result.returncode}")
+        if read > 0 and age.plain:
+            return dataclasses.replace(age, text=rest[:read], cut=len(rest) > read)
+        return age
+
+    async def make_folder(self, folder: str) -> None:
+        """Create `folder` and its parents as needed. Inside the state folder, each folder created is 0700, the
+        folders from `folder` up to the state folder are tightened to 0700 when found wider, and a symbolic
+        link among them (below the state folder itself) is refused: HostError naming it."""
+        result = await self.run(["sh", "-c", FOLDER_SCRIPT, "sh", self.state_dir, folder], timeout=30.0)
+        if result.returncode != 0:
+            raise HostError(f"{self.name}: cannot create {folder}: {result.stderr.strip() or result.returncode}")
 
     @abc.abstractmethod
     def follow(

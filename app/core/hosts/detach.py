@@ -9,11 +9,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from app.core.hosts.base import CommandResult, HostError, SpawnedProcess
 from app.core.hosts.procfs import ProcessInfo
 
+# Opens the log for appending (created 0600 under umask 077, the job's own umask left as it was; a symbolic link
+# there is refused, never followed: 96), before any `cd`, so a relative log path is the login folder's.
+OPEN_LOG = ('log=$1; shift; if [ -L "$log" ]; then echo "$log is a symbolic link; tunedash follows no link in its '
+            'state folder: remove it" >&2; exit 96; fi; m=$(umask); umask 077; exec 3>>"$log"; umask "$m"; ')
 # Starts argv in a new session, detached from us, with stdin from /dev/null and output appended to
 # the log. argv travels as positional parameters, so no value is ever interpreted by the shell.
 # The backgrounded `setsid` is not a group leader, so it does not fork: `$!` is the job's pid,
 # process group id and session id at once.
-DETACH_SCRIPT = 'log=$1; shift; setsid nohup "$@" >>"$log" 2>&1 </dev/null & echo $!'
+START = 'setsid nohup "$@" >&3 2>&3 3>&- </dev/null & echo $!'
+DETACH_SCRIPT = OPEN_LOG + START
 
 
 def detached_argv(argv: Sequence[str], log_path: str, env: Mapping[str, str] | None, cwd: str | None) -> list[str]:
@@ -22,7 +27,7 @@ def detached_argv(argv: Sequence[str], log_path: str, env: Mapping[str, str] | N
     if env:
         inner += ["env", *(f"{key}={value}" for key, value in env.items())]
     inner += list(argv)
-    script = DETACH_SCRIPT if cwd is None else 'cd "$0" || exit 97; ' + DETACH_SCRIPT
+    script = DETACH_SCRIPT if cwd is None else OPEN_LOG + 'cd "$0" || exit 97; ' + START
     head = ["sh", "-c", script] + ([cwd] if cwd is not None else ["sh"])
     # With cwd, $0 is the folder and $1 the log; without, $0 is a placeholder.
     return [*head, log_path, *inner]

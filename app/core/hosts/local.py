@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import signal
-import tempfile
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from stat import S_ISREG
+from typing import TypeVar
 
 import platformdirs
 
@@ -27,13 +26,16 @@ from app.core.hosts.base import (
     LeaderMismatch,
     LeaderProof,
     NotRegularFile,
+    PathAge,
     SpawnedProcess,
 )
 from app.core.hosts.detach import as_group_leader, detached_argv, detached_pid
 from app.core.hosts.lines import LineCutter
+from app.core.hosts.local_files import NoFollow, create_exclusive, path_age, private_folder, replace_file
 from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, leader_says_alive, listening_ports, parse_stat_line
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow, window_from
 
+T = TypeVar("T")
 FOLLOW_POLL_S = 0.05  # LocalHost.follow: the poll after new lines
 FOLLOW_IDLE_MAX_S = 0.2  # ... and the longest while the file is quiet
 
@@ -159,7 +161,7 @@ class LocalHost(Host):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> SpawnedProcess:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        await self.make_folder(str(Path(log_path).parent))
         # The detaching shell runs in the launch's environment too, so the job carries it (its TUNEDASH_JOB tag)
         # from its first instant, not only once `env` has exec'd the server.
         launch = {**self._extra_env, **(env or {})}
@@ -261,10 +263,37 @@ class LocalHost(Host):
             raise HostError(f"{self.name}: cannot read {path}: {exc.strerror or exc}") from None
 
     async def write_text(self, path: str, text: str) -> None:
-        await asyncio.to_thread(_replace_file, Path(path), text, None, False)
+        await self._in_thread(replace_file, Path(path), text, None, False)
 
     async def swap_text(self, path: str, text: str, *, expect: str | None) -> bool:
-        return await asyncio.to_thread(_replace_file, Path(path), text, expect, True)
+        return await self._in_thread(replace_file, Path(path), text, expect, True)
+
+    async def create_exclusive(self, path: str, text: str) -> bool:
+        return await self._in_thread(create_exclusive, Path(path), text)
+
+    async def make_folder(self, folder: str) -> None:
+        try:
+            await asyncio.to_thread(private_folder, self._state_dir, Path(folder))
+        except NoFollow as exc:
+            raise HostError(f"{self.name}: {exc}") from None
+
+    async def path_age(self, path: str, *, read: int = 0) -> PathAge | None:
+        """The mtime against this machine's clock, from lstat, or from fstat of the file opened with O_NOFOLLOW
+        when its bytes are read (so the bytes and the age are one file's)."""
+        return path_age(path, read)
+
+    async def _in_thread(self, write: Callable[..., T], target: Path, *args: object) -> T:
+        """`write(target, *args)` in a thread, once `target`'s folder is made (private_folder); a link or a
+        folder where tunedash writes (NoFollow) becomes a HostError naming the path and what to do."""
+
+        def made() -> T:
+            private_folder(self._state_dir, target.parent)
+            return write(target, *args)
+
+        try:
+            return await asyncio.to_thread(made)
+        except NoFollow as exc:
+            raise HostError(f"{self.name}: {exc}") from None
 
     async def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -429,52 +458,6 @@ def _signal_proven(proof: LeaderProof, signal_number: int) -> bool:
     finally:
         if pidfd is not None:
             os.close(pidfd)
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (/proc/self/status; 022 when it cannot be read)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    return 0o022
-
-
-def _replace_file(target: Path, text: str, expect: str | None, compare: bool) -> bool:
-    """Write `text` to a temporary file of its own beside `target`, fsync it, and rename it over `target`
-    (then fsync the folder). With `compare`, the rename happens under an flock on `<target>.lock` and only
-    if `target` still holds `expect` (None: does not exist); False otherwise and nothing changes."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(text.encode())
-            out.flush()
-            os.fchmod(out.fileno(), 0o666 & ~_umask())
-            os.fsync(out.fileno())
-        if compare:
-            with open(f"{target}.lock", "a") as lock:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-                try:
-                    current: str | None = target.read_text()
-                except FileNotFoundError:
-                    current = None
-                if current != expect:
-                    return False
-                os.replace(tmp_name, target)
-        else:
-            os.replace(tmp_name, target)
-        tmp_name = ""
-        folder = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-        return True
-    finally:
-        if tmp_name:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
 
 
 def _scan_proc() -> list[ProcessInfo]:

@@ -327,8 +327,7 @@ class SshHost(Host):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> SpawnedProcess:
-        folder = log_path.rsplit("/", 1)[0] if "/" in log_path else "."
-        await self.run(["mkdir", "-p", "--", folder], timeout=10.0)
+        await self.make_folder(log_path.rsplit("/", 1)[0] if "/" in log_path else ".")
         launch_env = {**self._extra_env, **(env or {})}
         # env also on the detaching shell: the job carries it (its TUNEDASH_JOB tag) from its first instant
         result = await self.run(detached_argv(argv, log_path, launch_env, cwd), timeout=10.0, env=dict(env or {}))
@@ -398,7 +397,8 @@ class SshHost(Host):
     async def _write(self, path: str, text: str, expect: str) -> bool:
         """WRITE_SCRIPT on the host; False when a swap found other contents (49)."""
         size = str(len(text.encode()))
-        result = await self.run(["sh", "-c", WRITE_SCRIPT, "sh", path, size, expect], input_text=text)
+        result = await self.run(["sh", "-c", WRITE_SCRIPT, "sh", path, size, expect, self.state_dir],
+                                input_text=text)
         if result.returncode == 49:
             return False
         if result.returncode != 0:
