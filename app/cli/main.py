@@ -20,7 +20,9 @@ from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     CliError,
+    Terminated,
     exit_code,
     load_profile,
     run_command,
@@ -149,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Terminated as exc:
+        print(f"tunedash: {exc}", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:  # `tunedash status | head`: the reader left early; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE

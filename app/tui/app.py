@@ -34,6 +34,7 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.tui.advisor import AdvisorKeys
 from app.tui.commands import FlagCommands, untuned_flag_message
+from app.tui.sigterm import exit_on_sigterm
 from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
 from widgets import (
     ConfirmModal,
@@ -133,6 +134,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self._log_shown = 0
         self._keymap: dict[str, str] = {}
         self._refusing: object = None  # what check_action's answers depend on, when the footer last asked
+        self._forget_sigterm = lambda: None  # on_mount: SIGTERM quits as `q` does (the driver lock given back)
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -147,6 +149,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         yield KeyFooter()
 
     def on_mount(self) -> None:
+        self._forget_sigterm = exit_on_sigterm(self)
         profile = self.session.profile
         self.title = f"tunedash · {profile.name} on {profile.host}"
         self.sub_title = "READ-ONLY" if self.session.readonly else profile.backend
@@ -562,6 +565,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
     async def on_unmount(self) -> None:
         """However the app ends (q, or a browser tab closed under `tunedash serve`): give the driver lock back and
         stop the Session's streams; the server keeps running."""
+        self._forget_sigterm()
         await self.session.stop()
 
     def action_back_to_fleet(self) -> None:

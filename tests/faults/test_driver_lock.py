@@ -97,6 +97,7 @@ async def test_a_race_for_a_free_lock_has_one_winner(make_profile: MakeProfile) 
             dead = DriverLock(host, profile, "dashboard")
             await host.write_text(dead.claim_path, dead._claim_text())
             await host.write_text(dead._beat_path(dead.token), f"{time.time() - 60}\n")
+            os.utime(dead._beat_path(dead.token), (time.time() - 60, time.time() - 60))  # its last beat, 60 s ago
         verdicts = await asyncio.gather(*(lock.acquire(take_over=False) for lock in locks))
         assert sum(not v.readonly for v in verdicts) == 1, [v.message for v in verdicts]
         for lock in locks:
