@@ -372,8 +372,10 @@ def test_a_tab_asking_for_30000x30000_cells_stays_small(serving: Serving) -> Non
 
 def test_browser_tab_is_read_only_until_it_takes_over(serving: Serving, chromium: Any, tmp_path: Path) -> None:
     open_page(chromium, serving.url)
-    screen = wait_for_screen(chromium, lambda s: "READY" in s and "READ-ONLY" in s, 90, "READY, read-only")
-    assert "T takes over" in screen
+    # the header's driver note follows the first frame by one UI refresh: wait for it too
+    screen = wait_for_screen(chromium, lambda s: "READY" in s and "READ-ONLY" in s and "T takes over" in s, 90,
+                             "READY, read-only, T takes over")
+    assert "nobody drives" in screen
     tabs = wait_until(lambda: dashboards_under(serving.process.pid), 10, "the tab's dashboard process")
     assert len(tabs) == 1, tabs
 
