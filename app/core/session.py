@@ -89,6 +89,10 @@ class Session:
         self.watch_only = readonly  # asked for (--readonly): never takes the driver lock, not even by take_over_now
         self.watching = watching and not readonly  # starts read-only; drives only after take_over_now (a web tab)
         self.driver = DriverLock(host, profile, "dashboard")
+        # set once start() has settled the driver lock: a key pressed while the lock is still being taken waits for
+        # it instead of being refused as if another session drove (the claim is on disk before `held` is set)
+        self._driver_settled = asyncio.Event()
+        self._driver_settling = False
         self.driven_by: str | None = None  # who drives, when another session does ("alice@gpubox")
         self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
         self.sample_period_ms = sample_period_ms
@@ -198,6 +202,14 @@ class Session:
 
     async def start(self) -> None:
         """Re-attach to a running server of this profile (its flags become the running ones) and sample."""
+        self._driver_settling = True
+        try:
+            await self._start()
+        finally:
+            self._driver_settling = False
+            self._driver_settled.set()
+
+    async def _start(self) -> None:
         if self.samples_gpus:
             self._telemetry_task = asyncio.create_task(self._sample_gpus())
         self._spawn(self._discover_flags())
@@ -211,6 +223,7 @@ class Session:
             self.pending_flags = dict(record.flags)
             self._follow_server_log(record.log_path)
         await self._settle_driver()
+        self._driver_settled.set()
         if record is None and self.autolaunch and not self.readonly:
             self.note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
@@ -291,6 +304,8 @@ class Session:
         """Right before the lifecycle signals or launches: only while this session still drives."""
         if self.watch_only:
             raise ReadOnlyError(f"read-only session: {what} is disabled")
+        if self._driver_settling and not self._driver_settled.is_set():
+            await self._driver_settled.wait()  # start() is still taking the lock: its verdict decides
         try:
             await self.driver.check(what)
         except DrivenElsewhere:

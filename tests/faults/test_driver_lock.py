@@ -153,3 +153,30 @@ async def test_a_cli_relaunch_while_a_dashboard_watches_is_followed_not_reverted
     finally:
         await dash.lifecycle.kill(confirm_free=False) if not dash.readonly else None
         await dash.stop()
+
+
+async def test_a_launch_asked_while_the_lock_is_being_taken_waits_for_it(make_profile: MakeProfile) -> None:
+    """A key pressed in the first second (the lock's claim already on disk, its SETTLE_S wait not over; over SSH
+    that is longer) launched nothing: "launch refused: <this very session> drives ...; this session is read-only"."""
+    profile = load_profile(make_profile(startup_s=0.3))
+    dash = Session(host_for(profile), profile)
+    taking = asyncio.Event()
+    acquire = dash.driver.acquire
+
+    async def slow_acquire(*, take_over: bool, command: str = "ui") -> object:
+        taking.set()
+        await asyncio.sleep(0.5)  # the claim exists by now or soon: what SETTLE_S and a slow host leave open
+        return await acquire(take_over=take_over, command=command)
+
+    dash.driver.acquire = slow_acquire  # type: ignore[method-assign]
+    starting = asyncio.create_task(dash.start())
+    try:
+        await asyncio.wait_for(taking.wait(), 10)
+        assert dash.run_command("launch", dash.launch)
+        await starting
+        await until(lambda: dash.view().state == ServerState.READY, 30,
+                    "the launch asked for during the lock's acquisition", lambda: _texts(dash))
+        assert "refused" not in _texts(dash)
+        await dash.kill()
+    finally:
+        await dash.stop()

@@ -220,8 +220,8 @@ async def test_control_characters_in_values_are_written_out_on_screen_and_refuse
     assert profile.flags["served-model-name"] == PWNED  # the value itself is kept as written
     app = create_app(profile, keymap_file=None, theme_file=None)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await pilot.pause(0.3)
-        # the Flags panel: the toggle's running value
+        # the Flags panel: the toggle's running value (its rows come with the first UI refresh)
+        await until(pilot, lambda: any(r.key == "m" for r in app.query_one(FlagsPanel).rows), what="the Flags panel")
         row = next(r for r in app.query_one(FlagsPanel).rows if r.key == "m")
         assert row.running == "\\x1b]0;pwned\\x07"
         await shows(pilot, app, "\\x1b]0;")  # the panel's column cuts the rest

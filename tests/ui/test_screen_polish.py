@@ -36,6 +36,8 @@ async def test_the_footer_keeps_the_keys_a_user_needs_and_help_lists_the_rest(pr
     app = create_app(profile, keymap_file=None, theme_file=None)
     async with app.run_test(size=size) as pilot:
         await shows(pilot, app, "STOPPED")
+        # the footer is laid out after the first frames: wait for it on the last line, then read that line
+        await until(pilot, lambda: "q Quit" in screen_text(app).splitlines()[-1], what="the footer on the last line")
         footer = app.query_one(KeyFooter)
         last_line = screen_text(app).splitlines()[-1]
         for word in ("s steps", "g pcg", "o overlap", "r Relaunch", "k Kill", "q Quit", "^p palette"):
