@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -97,3 +98,28 @@ async def pilot_until(pilot: Any, check: Callable[[], bool], timeout: float = 60
         assert time.monotonic() < deadline, f"timed out waiting for {what or check}" + (
             f": {detail()}" if detail else "")
         await pilot.pause(0.05)
+
+
+class GroupReaper:
+    """Starts processes in their own process group and kills every group at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, argv: list[str], env: dict[str, str], **kw: object) -> subprocess.Popen[str]:
+        proc: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
+            argv, env=env, start_new_session=True, text=True, **kw
+        )
+        self.procs.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

@@ -23,7 +23,7 @@ import pytest
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from app.sim.host_env import sim_environment
-from tests.helpers import MakeProfile, free_port, sim_profile_text
+from tests.helpers import GroupReaper, MakeProfile, free_port, sim_profile_text
 from tests.integration.conftest import REPO, tunedash
 
 pytestmark = pytest.mark.slow
@@ -35,10 +35,10 @@ class HandStarted:
     def __init__(self, sim_state: Path, folder: Path) -> None:
         self.sim_state = sim_state
         self.folder = folder
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.reaper = GroupReaper()
 
     def sim(self, *flags: str, model: str = "sim/qwen3.6-27b",
-            visible: str = "0,1") -> tuple[subprocess.Popen[bytes], list[str]]:
+            visible: str = "0,1") -> tuple[subprocess.Popen[str], list[str]]:
         port = free_port()
         argv = [sys.executable, "-m", "app.sim.sglang", "--model-path", model, "--port", str(port),
                 "--tp-size", "2", *flags]
@@ -46,8 +46,7 @@ class HandStarted:
                "CUDA_VISIBLE_DEVICES": visible, "SGLANG_ADOPT_TEST": "1", "HF_TOKEN": "hf_not_to_be_written"}
         env.pop("TUNEDASH_SIM_FAULT", None)
         log = self.folder / f"sim-{port}.log"
-        proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
+        proc = self.reaper.start(argv, env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while "fired up" not in log.read_text(errors="replace"):
             assert proc.poll() is None, log.read_text()[-2000:]
@@ -56,12 +55,7 @@ class HandStarted:
         return proc, argv
 
     def kill_all(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
+        self.reaper.kill_all()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.sim.host_env import sim_environment
+from tests.helpers import GroupReaper
 
 
 @pytest.fixture
@@ -28,31 +28,6 @@ def sim_env(sim_state: Path) -> dict[str, str]:
 def smi(env: dict[str, str], *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
     """Run the fake nvidia-smi found on the simulated host's PATH."""
     return subprocess.run(["nvidia-smi", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-class GroupReaper:
-    """Starts processes in their own process group and kills every group at teardown."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, argv: list[str], env: dict[str, str], **kw: object) -> subprocess.Popen[str]:
-        proc: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
-            argv, env=env, start_new_session=True, text=True, **kw
-        )
-        self.procs.append(proc)
-        return proc
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture
