@@ -42,11 +42,17 @@ BREAKABLE_MULTIMODAL_ARCHS = frozenset({
 BREAKABLE_OFF = "Breakable CUDA graph is incompatible with {}; disabling prefill CUDA graph."
 PP_BREAKABLE_OFF = ("Disabling breakable prefill CUDA graph by default for pipeline parallelism. Set "
                     "--cuda-graph-backend-prefill=breakable to opt in.")
+WEIGHT_CACHE_WITH_SPEC = (
+    "--weight-cache-mode is not supported together with speculative decoding (--speculative-algorithm): the weight "
+    "cache daemon does not export the draft model's weights. Disable one of them (--weight-cache-mode off) for this "
+    "configuration.")
 SYNCHRONOUS_SPEC = "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding."
 
 
 def apply(args: dict[str, Any], model: dict[str, Any], total_gb: float, msgs: list[str]) -> Running:
     """0.5.23's rules on `args` (in place); the messages go to `msgs` in SGLang's order."""
+    if args.get("weight_cache_mode", "off") != "off" and args.get("speculative_algorithm") is not None:
+        raise ValueError(WEIGHT_CACHE_WITH_SPEC)  # arg_groups/model_path_hook.py _handle_load_format
     decode, prefill, prefill_locked = graph_backends(args)
     if args.get("attention_backend") in ("torch_native", "flex_attention"):
         kind = "torch native attention" if args["attention_backend"] == "torch_native" else "torch Flex Attention"

@@ -54,6 +54,23 @@ __version__ = version_from_env()
 DEFAULT_STARTUP_S = 6.0
 PHASE_SHARES = {"pre": 0.03, "init": 0.05, "weights": 0.45, "kv": 0.08, "graph": 0.17, "draft_graph": 0.06,
                 "piecewise": 0.10, "warmup": 0.06}
+TIMING_ENV = "TUNEDASH_SIM_TIMING"
+# TUNEDASH_SIM_TIMING=seed: the seed model's real phase times in seconds (tests/data/logs/sglang_0523_startup.log:
+# weights 31.12 s, verify graph 12.41 s, the draft's or the prefill graph 3.9 s, READY at about 58 s).
+SEED_PHASES = {"pre": 4.0, "init": 2.5, "weights": 31.1, "kv": 1.5, "graph": 12.4, "draft_graph": 3.9,
+               "piecewise": 3.9, "warmup": 2.6}
+IPC_LOAD_SHARE = 0.03  # the client's load from the daemon, as a share of the disk load (seed timing: 0.9 s)
+SEED_IPC_LOAD_S = 0.9
+WATCHDOG_INTERVAL_S = 1.0  # utils/watchdog.py SubprocessWatchdog's default interval
+
+
+def phase_seconds(startup_s: float) -> dict[str, float]:
+    """Seconds per startup phase: shares of `startup_s`, or the seed's real times under TUNEDASH_SIM_TIMING=seed."""
+    if os.environ.get(TIMING_ENV) == "seed":
+        return {**SEED_PHASES, "ipc_weights": SEED_IPC_LOAD_S}
+    phases = {k: v * startup_s for k, v in PHASE_SHARES.items()}
+    phases["ipc_weights"] = phases["weights"] * IPC_LOAD_SHARE
+    return phases
 
 
 def uvicorn(level: str, msg: str) -> None:
@@ -69,7 +86,7 @@ class SimServer:
         self.running: Running = resolved.running
         self.model = model
         self.state_dir = state_dir
-        self.phases = {k: v * startup_s for k, v in PHASE_SHARES.items()}
+        self.phases = phase_seconds(startup_s)
         self.faults = faults
         self.children: list[subprocess.Popen[bytes]] = []
         self.status = "Starting"
@@ -144,6 +161,21 @@ class SimServer:
         self.max_total_tokens = ready[0]
         return True
 
+    async def watch_children(self) -> None:
+        """SGLang's SubprocessWatchdog: a scheduler that died (a weight cache client whose daemon died SIGKILLs
+        itself) takes the server down: the real error line, then the sigquit handler's kill of the tree."""
+        schedulers = self.children[1:]
+        while not self.stop.is_set():
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            for i, proc in enumerate(schedulers):
+                code = proc.poll()
+                if code is None or code == 0:
+                    continue
+                log(f"Subprocess scheduler_{i} (pid={proc.pid}) crashed with exit code {code}. "
+                    "Triggering SIGQUIT for cleanup...")
+                log("Received sigquit from a child process. It usually means the child failed.")
+                self.die_with_children()
+
     # ------------------------------------------------------------------ signals
     def on_sigterm(self) -> None:
         log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
@@ -214,7 +246,9 @@ class SimServer:
         if not self.stop.is_set():
             self.status = "Up"
             log("The server is fired up and ready to roll!")
+        watchdog = asyncio.get_running_loop().create_task(self.watch_children())
         await self.stop.wait()
+        watchdog.cancel()
         self.status = "Draining"
         await self.engine.stop()
         await runner.cleanup()

@@ -4,6 +4,8 @@ The lines are the format strings of the 0.5.23 source, in its order (the fixture
 tests/data/logs/sglang_0523_startup.log is rendered from the same strings):
 - distributed/bootstrap.py: `Init parallel begin.`, `Init parallel ends. elapsed=F s`, `Memory baseline taken.
   mem usage=F GB` (again, 0.00, before the draft model loads);
+- weight_cache/ipc_loader.py (`--weight-cache-mode client`): the target's weights from the daemon
+  (app.sim.ipc_client), or its disk fallback;
 - model_executor/model_runner.py: `Load weight begin. avail mem=F GB`, `Load weight end. elapsed=F s, type=ARCH,
   avail mem=F GB, mem usage=F GB.` (the target, then with EAGLE-type speculation the draft model);
 - mem_cache/memory_pool.py, kv_cache_configurator.py: `Mamba Cache is allocated. ...` (with speculation also the
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from app.sim import gpu_state
+from app.sim import gpu_state, ipc_client
 from app.sim.rank_phases import RankPhases
 from app.sim.tracebacks import GIB, capture_oom_traceback
 
@@ -41,7 +43,9 @@ def start(rank: RankPhases) -> int:
     weights_mib = model["weights_gib"] * GIB / rank.tp
     draft_mib = float(model.get("draft_weights_gib", 0)) * GIB / rank.tp if rank.spec_graphs else 0.0
     draft_share = 0.06 if draft_mib else 0.0
-    rank.load_weights(weights_mib, phases["weights"] * (1 - draft_share), model["architecture"], "")
+    cached = rank.args.get("weight_cache_mode") == "client" and ipc_client.load_from_cache(rank, model["architecture"])
+    if not cached:
+        rank.load_weights(weights_mib, phases["weights"] * (1 - draft_share), model["architecture"], "")
     if draft_mib:
         rank.say("Memory baseline taken. mem usage=0.00 GB")
         rank.load_weights(draft_mib, phases["weights"] * draft_share, model["draft_architecture"], "")
@@ -51,7 +55,8 @@ def start(rank: RankPhases) -> int:
 
 
 def memory_pools(rank: RankPhases, weights_mib: float) -> int:
-    """Mamba state, the target's KV pool, then (speculation) the draft's; the token capacity."""
+    """Mamba state, the target's KV pool, then (speculation) the draft's; the token capacity. Weights mapped
+    from the weight cache daemon count as the weights: they are on the GPU already, the daemon's."""
     model = rank.model
     pool_kv_mib, mamba_mib, _ = rank.allocate_pool(weights_mib)
     draft = rank.spec_graphs
