@@ -17,6 +17,10 @@ choice (value must be one of `choices`), str (free text; `choices`, when given, 
 json (a JSON object: a TOML inline table, rendered as compact JSON), ints (a list of ints, one argv item
 each, stored as a space-separated string), free (the `custom` backend's free-form flags: any name, a
 bool, number or string, rendered as --NAME VALUE; see app.core.flags.values).
+
+What a flag does to a warm relaunch (the weight cache daemon keeps serving, or its key changed and it restarts)
+is `weights_effect(backend, name)`: "keeps the weights" or "changes the cache key (FIELDS)", from the servers' own
+key dataclasses (app.core.flags.weight_cache).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.core.data import FlagValue
+from app.core.flags.weight_cache import weights_effect as weights_effect
 
 FlagKind = Literal["bool", "int", "float", "choice", "str", "json", "ints", "free"]
 
