@@ -211,8 +211,11 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     host = open_host(profile)
     lifecycle = lifecycle_for(profile, host, args)
     await drive(lifecycle, args, "kill")
-    verdict = await lifecycle.kill(confirm_free=args.confirm_free)
-    if verdict is not None and not verdict.confirmed:
+    if args.all:  # the weight cache daemon too: ends FREE at 0 MiB
+        verdict = await lifecycle.kill_all()
+    else:
+        verdict = await lifecycle.kill(confirm_free=args.confirm_free)
+    if verdict is not None and not verdict.confirmed and lifecycle.state != ServerState.WARM:
         return EXIT_GPUS_HELD
     return EXIT_OK
 
@@ -327,7 +330,10 @@ def register(sub: Any, with_overrides: Any) -> None:
     p = sub.add_parser("kill", help="SIGTERM, grace, SIGKILL the server's process group")
     p.add_argument("profile")
     with_take_over(p)
-    p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not)")
+    p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not; "
+                   "a warm profile's weight cache daemon may hold them: WARM)")
+    p.add_argument("--all", action="store_true", help="the weight cache daemon too (warm profiles), then confirm "
+                   "the GPUs free at 0 MiB")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
     p.set_defaults(func=cmd_kill)

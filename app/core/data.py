@@ -147,6 +147,7 @@ class ServerState(StrEnum):
     KILLING = "KILLING"
     RELEASING = "RELEASING"
     FREE = "FREE"
+    WARM = "WARM"  # the engine is gone; only this profile's weight cache daemon holds GPU memory
     CRASHED = "CRASHED"
     STUCK = "STUCK"
 

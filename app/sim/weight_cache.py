@@ -107,13 +107,20 @@ def read_ready_pid(path: str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
+    """protocol._is_pid_alive (signal 0), except that a zombie counts as dead: on a host whose PID 1 reaps late
+    (containers) a SIGKILLed daemon stays a zombie for seconds, holding nothing, and the real check would call
+    its stale files live."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def cache_config(args: dict[str, Any], model: dict[str, Any], tp_rank: int, gpu: gpu_state.SimGpu) -> dict[str, Any]:

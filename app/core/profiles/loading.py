@@ -27,6 +27,9 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                            the positional MODEL, `vllm serve MODEL`; sglang: --model-path) and the flags;
                            module still names the server module that discovery asks (`--help`)
                                                              default: unset (python -m module)
+    warm        bool       keep the weights in the backend's weight cache daemon across relaunches (SGLang
+                           0.5.23+ `--weight-cache-mode client`, vLLM `ipc_cache` + `vllm preload`;
+                           app.core.server.warm); not for custom        default: false
     extra_args  [str]      argv items passed verbatim after the flags (flags the catalog does not know;
                            `tunedash adopt` writes them and lists them in a comment)   default: []
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values

@@ -39,7 +39,7 @@ class ProfileReader:
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
                 "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
-                "extra_args", *CUSTOM_KEYS)
+                "extra_args", "warm", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -93,6 +93,9 @@ class ProfileReader:
         sim_state = got.get("sim_state")
         own_toggles = self.toggles(got.get("toggles", {}), backend)
         ready_timeout = got.get("ready_timeout", 600)
+        if got.get("warm") and backend == CUSTOM:
+            raise self.fail("warm", "a custom command has no weight cache daemon tunedash knows; remove warm or use "
+                            "backend = \"sglang\" or \"vllm\"")
         if ready_timeout < 1:
             raise self.fail("ready_timeout", f"expected seconds to wait for READY (1 or more), got {ready_timeout}")
         return Profile(
@@ -117,6 +120,7 @@ class ProfileReader:
             description=got.get("description", ""),
             script=self.strings(got, "script", backend),
             extra_args=self.strings(got, "extra_args", backend),
+            warm=got.get("warm", False),
             **custom,
         )
 
@@ -411,8 +415,9 @@ _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "py
                                "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
                                "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
-                               "ready_regex": str, "health_url": str, "script": list, "extra_args": list}
-_KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table"}
+                               "ready_regex": str, "health_url": str, "script": list, "extra_args": list,
+                               "warm": bool}
+_KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table", bool: "true or false"}
 
 
 def _describe(value: object) -> str:

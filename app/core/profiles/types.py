@@ -51,6 +51,8 @@ class Profile:
     sim_version: str = ""  # the simulated SGLang's version (host = "sim"); checked by app.connect
     sim_gpus: str = ""  # the simulated host's GPUs, e.g. "2xH200" (host = "sim"); checked by app.connect
     description: str = ""
+    # keep the weights in the backend's weight cache daemon across relaunches (app.core.server.warm)
+    warm: bool = False
     # backend = "custom" only (app.core.profiles.loading's docstring): the argv template and the ready signal.
     command: tuple[str, ...] = ()
     ready_regex: str = ""

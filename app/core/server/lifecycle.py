@@ -66,7 +66,9 @@ from app.core.server.release import (
     wait_free,
 )
 from app.core.server.states import LIVE_STATES, STARTING_STATES, phase_durations, state_after, telling_fatal
-from app.core.telemetry.freecheck import FreeVerdict
+from app.core.server.warm import WeightCacheJob, client_argv, warm_refusal
+from app.core.server.warm_state import WarmShare, WarmTracker
+from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
 from app.core.telemetry.smi import Telemetry
 
 HEALTH_POLL_S = 0.25  # a custom profile's health_url, while it starts
@@ -100,6 +102,10 @@ class ServerLifecycle:
         self.last_lines: deque[str] = deque(maxlen=30)
         self.holders: tuple[Holder, ...] = ()
         self.last_free: FreeVerdict | None = None
+        self.warm: WarmShare | None = None  # what the weight cache holds while WARM (app.core.server.warm_state)
+        self._warm_tracker: WarmTracker | None = None
+        self._warm_seen = asyncio.Event()
+        self._watch_baseline: dict[str, int] = {}
         self.last_decode: DecodeStats | None = None
         self.health_ok: bool | None = None
         self.server_flags: ServerFlags | None = None  # what the installed server accepts, once discovered
@@ -214,7 +220,14 @@ class ServerLifecycle:
         (LaunchRefused); the idle baseline."""
         self.refuse_rejected(self.profile)
         await refuse_unspawnable(self.host, self.profile)
-        return await preflight(self.host, self.profile, self.telemetry)
+        cache = self.weight_cache()
+        return await preflight(self.host, self.profile, self.telemetry,
+                               own_pids=await cache.pids() if cache else frozenset())
+
+    def weight_cache(self, profile: Profile | None = None) -> WeightCacheJob | None:
+        """The profile's weight cache daemon job when it runs warm (app.core.server.warm), else None."""
+        profile = profile or self.profile
+        return WeightCacheJob(self.host, profile, self._say) if profile.warm else None
 
     def refuse_rejected(self, profile: Profile) -> None:
         """LaunchRefused when `profile` sets a flag the installed server rejects (known from discovery:
@@ -224,6 +237,9 @@ class ServerLifecycle:
         message = rejection_message(self.server_flags, profile.flags, str(profile.source))
         if message:
             raise LaunchRefused(message, Reason.BAD_INPUT)
+        cold = warm_refusal(profile, self.server_flags) if profile.warm else ""
+        if cold:
+            raise LaunchRefused(cold, Reason.BAD_INPUT)
 
     async def launch(self) -> jobs.JobRecord:
         """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
@@ -231,7 +247,10 @@ class ServerLifecycle:
         if self.before_act is not None:  # the driver lock, right before the launch
             await self.before_act("launch")
         profile = self.profile
-        argv = launch_argv(profile)
+        cache = self.weight_cache()
+        if cache is not None:  # the daemon first: kept when its cache key matches, else (re)started; then ready
+            await cache.ensure(profile, profile.ready_timeout_s)
+        argv = client_argv(profile) if cache is not None else launch_argv(profile)
         log_path = jobs.log_path_for(self.host, profile)
         me = jobs.who_am_i()
         now = time.time()
@@ -568,7 +587,13 @@ class ServerLifecycle:
         if watch is None:
             watch = self._watch_free(record)
         self._set_state(ServerState.RELEASING)
-        verdict, elapsed = await wait_free(watch, timeout)
+        verdict, elapsed = await self._wait_free_or_warm(watch, timeout)
+        if self._warm_tracker is not None and self._warm_tracker.share is not None and not verdict.confirmed:
+            self.warm = self._warm_tracker.share
+            self.holders = ()
+            self._set_state(ServerState.WARM)
+            self._say(f"WARM: {self.warm.describe()} ({freed_text(verdict, elapsed)})")
+            return verdict
         if verdict.confirmed:
             self.holders = ()
             self._set_state(ServerState.FREE)
@@ -583,10 +608,49 @@ class ServerLifecycle:
     def _watch_free(self, record: jobs.JobRecord | None) -> FreeWatch:
         def progress(update: FreeProgress) -> None:
             self.last_free = update.verdict
+            if self._warm_tracker is not None and self._warm_tracker.feed(update.verdict) is not None:
+                self._warm_seen.set()
             self._emit(update)
 
         baseline = record.baseline_mib if record else {}
+        self._warm_tracker = None
+        self._warm_seen = asyncio.Event()
+        self._watch_baseline = baseline
         return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress)
+
+    async def _wait_free_or_warm(self, watch: FreeWatch, timeout_s: float) -> tuple[FreeVerdict, float]:
+        """wait_free, or WARM: only the weight cache daemon's pids still hold memory (app.core.server.warm_state)."""
+        cache = self.weight_cache()
+        pids = await cache.pids() if cache is not None else set()
+        if not pids:
+            return await wait_free(watch, timeout_s)
+        limit = FreeCheck(tuple(self.profile.gpus), {int(k): v for k, v in self._watch_baseline.items()}).limit
+        self._warm_tracker = WarmTracker(pids, limit)
+        if self.last_free is not None:
+            self._warm_tracker.feed(self.last_free)
+        warm = asyncio.ensure_future(self._warm_seen.wait())
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wait({warm, asyncio.ensure_future(watch.confirmed.wait())},
+                                                    return_when=asyncio.FIRST_COMPLETED), timeout_s)
+        finally:
+            warm.cancel()
+            await watch.stop()
+        return watch.verdict, time.monotonic() - watch.started
+
+    async def kill_all(self) -> FreeVerdict | None:
+        """Kill the server, then stop the weight cache daemon too, and confirm the GPUs free (0 MiB): FREE."""
+        await self.kill(confirm_free=False)
+        cache = WeightCacheJob(self.host, self.profile, self._say)
+        record = await cache.current()
+        if record is not None:
+            if self.before_act is not None:
+                await self.before_act("kill")
+            await cache.stop(record)
+        else:
+            self._say("no weight cache daemon of this profile is running")
+        self.warm = None
+        return await self.confirm_free(self.record)
 
     # ---- relaunch --------------------------------------------------------------------------------
     async def relaunch(self, profile: Profile, *, ready_timeout_s: float | None = None,
@@ -598,7 +662,7 @@ class ServerLifecycle:
             self._say(f"relaunch: {change}")
         self._marks.clear()
         verdict = await self.kill(confirm_free=True)
-        if verdict is not None and not verdict.confirmed:
+        if verdict is not None and not verdict.confirmed and self.state != ServerState.WARM:
             raise LaunchRefused(
                 "GPUs did not come free after the kill: "
                 + ("; ".join(h.describe() for h in verdict.holders) or verdict.unreadable),

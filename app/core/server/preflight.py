@@ -8,6 +8,7 @@ the GPUs' idle baseline (MiB per GPU) is returned: confirm-free later compares a
 from __future__ import annotations
 
 import time
+from collections.abc import Set as AbstractSet
 
 from app.core.data import Holder
 from app.core.errors import Reason, TunedashError
@@ -15,6 +16,7 @@ from app.core.hosts.base import Host
 from app.core.profiles.render import launch_argv, launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
+from app.core.server.warm_state import warm_share
 from app.core.telemetry.freecheck import FreeCheck, learn_baseline
 from app.core.telemetry.smi import Telemetry
 
@@ -84,8 +86,12 @@ async def claim_launch(host: Host, profile: Profile, record: jobs.JobRecord) -> 
         raise LaunchRefused(f"{exc}; nothing was launched", Reason.ALREADY_RUNNING) from None
 
 
-async def preflight(host: Host, profile: Profile, telemetry: Telemetry) -> dict[int, int]:
-    """Refuse to launch onto a running job, a taken port or GPUs that hold memory; returns the idle baseline."""
+async def preflight(host: Host, profile: Profile, telemetry: Telemetry,
+                    own_pids: AbstractSet[int] = frozenset()) -> dict[int, int]:
+    """Refuse to launch onto a running job, a taken port or GPUs that hold memory; returns the idle baseline.
+
+    `own_pids` (the profile's weight cache daemon) may hold memory: the GPUs count as idle when only they do
+    (app.core.server.warm_state), and the baseline is what is left beside them."""
     await _refuse_live(host, profile, await jobs.load_job(host, profile))
     if profile.port and await host.port_in_use(profile.port):
         raise LaunchRefused(
@@ -102,7 +108,11 @@ async def preflight(host: Host, profile: Profile, telemetry: Telemetry) -> dict[
             + (f" ({snapshot.error.hint})" if snapshot.error.hint else ""),
             Reason.GPUS_UNREADABLE,
         )
-    verdict = FreeCheck(tuple(profile.gpus), needed=1).feed(snapshot)
+    check = FreeCheck(tuple(profile.gpus), needed=1)
+    verdict = check.feed(snapshot)
+    share = warm_share(verdict, own_pids, check.limit) if own_pids and not verdict.all_free else None
+    if share is not None:
+        return {gpu: max(0, (verdict.used_mib.get(gpu) or 0) - share.mib.get(gpu, 0)) for gpu in profile.gpus}
     if not verdict.all_free:
         detail = "; ".join(h.describe() for h in verdict.holders) or verdict.unreadable
         raise LaunchRefused(

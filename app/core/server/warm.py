@@ -1,0 +1,229 @@
+"""Warm mode: the backend's weight cache daemon as a job of tunedash's own, and what it changes for the server.
+
+A profile with `warm = true` (docs/architecture.md#warm-relaunch-the-weight-cache) runs the daemon beside its
+server:
+- the daemon's command line (`daemon_argv`): SGLang `python -m sglang.srt.weight_cache.daemon <the server's
+  flags>` (the simulated host: `python -m app.sim.weight_cache`), vLLM `python -m vllm.entrypoints.cli.main
+  preload --model M <flags>`; the server's (`client_argv`): its own plus `--weight-cache-mode client` (SGLang) or
+  `--load-format ipc_cache` (vLLM);
+- its job: a record of its own (`daemon_profile`: the profile's name + WEIGHT_CACHE_SUFFIX, same file, so the
+  record sits beside the server's), written before the spawn with a fresh tag, the tag in its environment, proven
+  and signalled by app.core.server.jobs exactly as the server is (PID reuse, tag, boot id, group leader);
+- its readiness: the launcher's own line after it found every ready file (SGLang `All N weight cache daemons on
+  node 0 are ready`, vLLM `===== Weight cache daemon READY`), read from its log; a daemon group that dies first is
+  a failed start with its last lines;
+- `key_change`: the cache key fields (app.core.flags.weight_cache) two profiles differ in; a relaunch that keeps
+  them keeps the daemon, one that changes them restarts it first and says which field changed;
+- `warm_share`: a free check's verdict in which only the daemon's pids hold memory, and the rest of each GPU is at
+  its idle baseline: the state is WARM ("engine gone; 25.1 GiB per GPU held by the weight cache, pids ...").
+`warm_refusal` says why a profile cannot run warm on the server discovery found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from app.core.data import EventLevel, FlagValue
+from app.core.errors import Reason
+from app.core.flags.discovery import ServerFlags
+from app.core.flags.weight_cache import changed_key_fields
+from app.core.hosts.base import Host, HostError
+from app.core.profiles.render import launch_argv, launch_env
+from app.core.profiles.types import Profile
+from app.core.server import jobs
+from app.core.server.preflight import LaunchRefused, claim_launch
+
+WEIGHT_CACHE_SUFFIX = "+weight-cache"
+SGLANG_DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
+SIM_SERVER_MODULE, SIM_DAEMON_MODULE = "app.sim.sglang", "app.sim.weight_cache"
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
+SGLANG_READY = "weight cache daemons on node"  # `All N weight cache daemons on node R are ready (...)`
+VLLM_READY = "===== Weight cache daemon READY"
+READY_POLL_S = 0.1
+DAEMON_GRACE_S = 10.0
+MODEL_FLAG = {"sglang": "model-path", "vllm": "model"}
+
+
+class WeightCacheFailed(LaunchRefused):
+    """The daemon did not start or did not become ready; the message has its last log lines."""
+
+
+# ---------------------------------------------------------------------------------------------- pure rules
+
+
+def daemon_profile(profile: Profile) -> Profile:
+    """The profile under which the daemon's record lives: the server's, named with WEIGHT_CACHE_SUFFIX."""
+    return replace(profile, name=profile.name + WEIGHT_CACHE_SUFFIX, warm=False)
+
+
+def daemon_argv(profile: Profile) -> list[str]:
+    """The weight cache daemon's command line for `profile` (module docstring)."""
+    server = launch_argv(replace(profile, script=(), warm=False))
+    flags = server[3:]  # after python -m MODULE
+    if profile.backend == "vllm":
+        return [profile.python, "-m", VLLM_CLI_MODULE, "preload", *flags]
+    module = SIM_DAEMON_MODULE if profile.module == SIM_SERVER_MODULE else SGLANG_DAEMON_MODULE
+    return [profile.python, "-m", module, *flags]
+
+
+def client_argv(profile: Profile) -> list[str]:
+    """The server's command line as the daemon's client."""
+    argv = launch_argv(profile)
+    extra = ["--load-format", "ipc_cache"] if profile.backend == "vllm" else ["--weight-cache-mode", "client"]
+    return argv + extra
+
+
+def key_flags(profile: Profile) -> dict[str, FlagValue]:
+    """The flags the cache key is read from: the profile's flags with its model under the model flag."""
+    return {**profile.flags, MODEL_FLAG.get(profile.backend, "model"): profile.model}
+
+
+def key_change(backend: str, old: Mapping[str, FlagValue], new: Mapping[str, FlagValue]) -> tuple[str, ...]:
+    """The cache key's fields the daemon's flags (`old`, from its record) and the next server's differ in."""
+    return changed_key_fields(backend, old, new)
+
+
+def warm_refusal(profile: Profile, found: ServerFlags | None) -> str:
+    """Why `profile` cannot run warm on the server discovery found; "" when it can (or nothing is known yet)."""
+    if profile.backend not in MODEL_FLAG:
+        return f"{profile.source}: warm: the {profile.backend} backend has no weight cache daemon"
+    if found is None or not found.known:
+        return ""
+    name = found.describe()
+    if profile.backend == "sglang":
+        if "weight-cache-mode" not in (found.flags or ()):
+            return (f"{profile.source}: warm: {name} has no weight cache (--weight-cache-mode arrived in SGLang "
+                    "0.5.23); remove warm or install 0.5.23+")
+        if profile.flags.get("speculative-algorithm") is not None:
+            return (f"{profile.source}: warm: {name} refuses --weight-cache-mode with --speculative-algorithm (its "
+                    "daemon does not export the draft model's weights); remove speculative-algorithm or warm")
+        return ""
+    if "load-format" not in (found.flags or ()):
+        return f"{profile.source}: warm: {name} takes no --load-format, so no ipc_cache; remove warm"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------- the daemon job
+
+
+class WeightCacheJob:
+    """The weight cache daemon of one profile on one host: find, start, wait ready, stop (module docstring)."""
+
+    def __init__(self, host: Host, profile: Profile, say: Callable[[str, EventLevel], None]) -> None:
+        self.host = host
+        self.profile = profile
+        self.say = say
+
+    @property
+    def job_profile(self) -> Profile:
+        return daemon_profile(self.profile)
+
+    async def current(self) -> jobs.JobRecord | None:
+        """The live daemon's record (proven ours: jobs.check_job), else None."""
+        record = await jobs.load_job(self.host, self.job_profile)
+        if record is None or record.pid is None:
+            return None
+        check = await jobs.check_job(self.host, record)
+        return record if check.members else None
+
+    async def pids(self, record: jobs.JobRecord | None = None) -> set[int]:
+        record = record or await self.current()
+        if record is None:
+            return set()
+        return {p.pid for p in await jobs.job_members(self.host, record)}
+
+    async def ensure(self, profile: Profile, timeout_s: float) -> jobs.JobRecord:
+        """A ready daemon for `profile`: the running one when its key matches, else (re)started and awaited."""
+        self.profile = profile
+        record = await self.current()
+        if record is not None:
+            changed = key_change(profile.backend, record.flags, key_flags(profile))
+            if not changed:
+                return record
+            self.say(f"the weight cache key changes ({', '.join(changed)}): restarting the weight cache daemon",
+                     "info")
+            await self.stop(record)
+        return await self.start(timeout_s)
+
+    async def start(self, timeout_s: float) -> jobs.JobRecord:
+        profile = self.profile
+        job_profile = self.job_profile
+        argv = daemon_argv(profile)
+        log_path = jobs.log_path_for(self.host, job_profile)
+        record = jobs.JobRecord(
+            profile=job_profile.name, host=self.host.name, backend=profile.backend, model=profile.model,
+            port=0, argv=list(argv), flags=key_flags(profile), pid=None, pgid=None, start_time="",
+            log_path=log_path, launched_by=jobs.who_am_i(), launched_at=time.time(), gpus=list(profile.gpus),
+            profile_file=jobs.profile_file_of(job_profile),
+        )
+        await claim_launch(self.host, job_profile, record)  # the record (its tag, no pid) before the spawn
+        try:
+            spawned = await self.host.spawn_detached(argv, log_path=log_path,
+                                                     env={**launch_env(profile), **jobs.tag_env(record)})
+        except HostError as exc:
+            record.outcome = "killed"
+            with contextlib.suppress(HostError, jobs.StaleRecord):
+                await jobs.save_job(self.host, record)
+            raise WeightCacheFailed(f"the weight cache daemon of {profile.name} did not start: {exc}",
+                                    Reason.START_FAILED) from None
+        jobs.fill_spawned(record, spawned)
+        await jobs.save_job(self.host, record)
+        self.say(f"weight cache daemon started: pid {spawned.pid} (group {spawned.pgid}), log {log_path}", "info")
+        await self.wait_ready(record, timeout_s)
+        record.outcome = "ready"
+        record.ready_at = time.time()
+        await jobs.save_job(self.host, record)
+        return record
+
+    async def wait_ready(self, record: jobs.JobRecord, timeout_s: float) -> None:
+        """Until the launcher's ready line is in its log; WeightCacheFailed when the group dies or time runs out."""
+        marker = VLLM_READY if record.backend == "vllm" else SGLANG_READY
+        t0 = time.monotonic()
+        while True:
+            text = await self._log_tail(record)
+            if any(marker in line and (marker == VLLM_READY or "are ready" in line) for line in text.splitlines()):
+                self.say(f"weight cache daemon ready after {time.monotonic() - t0:.1f} s", "info")
+                return
+            if not await jobs.job_alive(self.host, record):
+                record.outcome = "crashed"
+                with contextlib.suppress(HostError, jobs.StaleRecord):
+                    await jobs.save_job(self.host, record)
+                last = "\n".join(text.splitlines()[-8:])
+                raise WeightCacheFailed(f"the weight cache daemon of {self.profile.name} exited before it was "
+                                        f"ready; its log {record.log_path} ends:\n{last}", Reason.START_FAILED)
+            if time.monotonic() - t0 > timeout_s:
+                await self.stop(record)
+                raise WeightCacheFailed(f"the weight cache daemon of {self.profile.name} was not ready within "
+                                        f"{timeout_s:.0f} s (stopped it); see {record.log_path}", Reason.START_FAILED)
+            await asyncio.sleep(READY_POLL_S)
+
+    async def _log_tail(self, record: jobs.JobRecord) -> str:
+        try:
+            window = await self.host.read_window(record.log_path)
+        except HostError:
+            return ""
+        return "" if window is None else "\n".join((*window.head, *window.tail))
+
+    async def stop(self, record: jobs.JobRecord | None = None) -> bool:
+        """SIGTERM the daemon's proven group, SIGKILL after the grace; whether one was running."""
+        record = record or await self.current()
+        if record is None:
+            return False
+        signalled = await jobs.signal_job(self.host, record, signal.SIGTERM)
+        self.say(f"SIGTERM to the weight cache daemon's group {record.pgid} ({len(signalled)} processes)", "info")
+        deadline = time.monotonic() + DAEMON_GRACE_S
+        while await jobs.job_alive(self.host, record):
+            if time.monotonic() > deadline:
+                await jobs.signal_job(self.host, record, signal.SIGKILL)
+                self.say(f"SIGKILL to the weight cache daemon's group {record.pgid}", "warning")
+                deadline = time.monotonic() + DAEMON_GRACE_S
+            await asyncio.sleep(0.05)
+        record.outcome = "killed"
+        with contextlib.suppress(jobs.StaleRecord):
+            await jobs.save_job(self.host, record)
+        return True
