@@ -28,6 +28,7 @@ STATE_STYLE = {
     ServerState.STUCK: "bold red",
     ServerState.STOPPED: "dim",
     ServerState.FREE: "dim",
+    ServerState.WARM: "dim",
 }
 CONNECTION_STYLE = {"unreachable": "bold red", "failed": "bold red", "lost": "yellow", "reconnecting": "yellow"}
 

@@ -43,6 +43,7 @@ class ServerView:
 _STATE_CLASS = {
     ServerState.READY: "-good",
     ServerState.FREE: "-idle",
+    ServerState.WARM: "-idle",
     ServerState.STOPPED: "-idle",
     ServerState.CRASHED: "-bad",
     ServerState.STUCK: "-bad",

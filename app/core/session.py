@@ -573,6 +573,12 @@ class Session:
         self._stop_probe()
         await self.lifecycle.kill(confirm_free=True)
 
+    async def kill_all(self) -> None:
+        """Kill the server and its weight cache daemon: FREE at 0 MiB (ServerLifecycle.kill_all)."""
+        self._guard("kill")
+        self._stop_probe()
+        await self.lifecycle.kill_all()
+
     async def confirm_free(self) -> None:
         self._guard("confirm free")
         await self.lifecycle.confirm_free(self.lifecycle.record)

@@ -72,7 +72,7 @@ WATCHER_REFUSES = {
 }
 """What a watching dashboard (`--readonly`, or `--watch` until T) refuses, and why: nothing that loads the server,
 writes the owner's files or config, or answers a trust prompt (docs/decisions.md#read-only-is-read-only)."""
-DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "confirm_free": "confirm free"}
+DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "kill_all": "kill all", "confirm_free": "confirm free"}
 """Keys that signal or launch: refused in every read-only session (one that watches, or one another session drives)."""
 FOOTER_RANK = ("bench", "mark_baseline", "ab", "log", "probe", "diff", "undo", "advise", "history", "confirm_free")
 """The footer's keys after help, quit, relaunch, kill and the toggles, most needed first (see _rank_footer_keys)."""
@@ -101,6 +101,8 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "relaunch", "Relaunch", id="relaunch", tooltip="Apply pending flags: kill, free, launch, ready"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Kill the server's process group (asks first)"),
+        Binding("K", "kill_all", "Kill all", id="kill_all", show=False,
+                tooltip="Kill the server and its weight cache daemon (warm profiles): FREE at 0 MiB (asks first)"),
         Binding("f", "confirm_free", "Free?", id="free", tooltip="Confirm the GPUs are back at idle"),
         Binding("p", "probe", "Probe", id="probe", tooltip="Probe load on/off (a continuous single stream)"),
         Binding("u", "undo", "Undo", id="undo", tooltip="Undo pending flag changes"),
@@ -464,6 +466,15 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
                 self._command("kill", self.session.kill)
 
         self.push_screen(ConfirmModal("Kill the server?", detail, yes_label="Kill"), answered)
+
+    def action_kill_all(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._command("kill all", self.session.kill_all)
+
+        self.push_screen(ConfirmModal("Kill the server and the weight cache daemon?",
+                                      "The GPUs then hold nothing: the next launch loads the weights from disk.",
+                                      yes_label="Kill all"), answered)
 
     def action_confirm_free(self) -> None:
         self._command("confirm free", self.session.confirm_free)

@@ -249,6 +249,11 @@ class ServerLifecycle:
         profile = self.profile
         cache = self.weight_cache()
         if cache is not None:  # the daemon first: kept when its cache key matches, else (re)started; then ready
+            if await cache.stop_if_stale(profile):  # its memory must be back before the new daemon loads
+                freed = await self.confirm_free(self.record)
+                if not freed.confirmed:
+                    raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
+                                        + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
             await cache.ensure(profile, profile.ready_timeout_s)
         argv = client_argv(profile) if cache is not None else launch_argv(profile)
         log_path = jobs.log_path_for(self.host, profile)

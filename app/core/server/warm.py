@@ -65,17 +65,19 @@ def daemon_argv(profile: Profile) -> list[str]:
     """The weight cache daemon's command line for `profile` (module docstring)."""
     server = launch_argv(replace(profile, script=(), warm=False))
     flags = server[3:]  # after python -m MODULE
-    if profile.backend == "vllm":
-        return [profile.python, "-m", VLLM_CLI_MODULE, "preload", *flags]
+    if profile.backend == "vllm":  # `vllm preload` takes the engine's flags, not the HTTP server's --port
+        at = flags.index("--port")
+        return [profile.python, "-m", VLLM_CLI_MODULE, "preload", *flags[:at], *flags[at + 2:]]
     module = SIM_DAEMON_MODULE if profile.module == SIM_SERVER_MODULE else SGLANG_DAEMON_MODULE
     return [profile.python, "-m", module, *flags]
 
 
 def client_argv(profile: Profile) -> list[str]:
     """The server's command line as the daemon's client."""
-    argv = launch_argv(profile)
-    extra = ["--load-format", "ipc_cache"] if profile.backend == "vllm" else ["--weight-cache-mode", "client"]
-    return argv + extra
+    if profile.backend == "vllm":  # ipc_cache replaces the profile's own load format (the daemon keeps that one)
+        flags = {k: v for k, v in profile.flags.items() if k != "load-format"}
+        return [*launch_argv(replace(profile, flags=flags)), "--load-format", "ipc_cache"]
+    return [*launch_argv(profile), "--weight-cache-mode", "client"]
 
 
 def key_flags(profile: Profile) -> dict[str, FlagValue]:
@@ -137,16 +139,26 @@ class WeightCacheJob:
             return set()
         return {p.pid for p in await jobs.job_members(self.host, record)}
 
-    async def ensure(self, profile: Profile, timeout_s: float) -> jobs.JobRecord:
-        """A ready daemon for `profile`: the running one when its key matches, else (re)started and awaited."""
+    async def stop_if_stale(self, profile: Profile) -> tuple[str, ...]:
+        """Stop the running daemon when `profile` changes its cache key; the fields that changed (() if none)."""
         self.profile = profile
         record = await self.current()
-        if record is not None:
-            changed = key_change(profile.backend, record.flags, key_flags(profile))
-            if not changed:
-                return record
+        if record is None:
+            return ()
+        changed = key_change(profile.backend, record.flags, key_flags(profile))
+        if changed:
             self.say(f"the weight cache key changes ({', '.join(changed)}): restarting the weight cache daemon",
                      "info")
+            await self.stop(record)
+        return changed
+
+    async def ensure(self, profile: Profile, timeout_s: float) -> jobs.JobRecord:
+        """A ready daemon for `profile`: the running one (its key matches: see stop_if_stale), else started."""
+        self.profile = profile
+        record = await self.current()
+        if record is not None and not key_change(profile.backend, record.flags, key_flags(profile)):
+            return record
+        if record is not None:
             await self.stop(record)
         return await self.start(timeout_s)
 
