@@ -653,7 +653,7 @@ class ServerLifecycle:
                 await self.before_act("kill")
             await cache.stop(record)
         else:
-            self._say("no weight cache daemon of this profile is running")
+            self._say(await cache.refusal() or "no weight cache daemon of this profile is running")
         self.warm = None
         return await self.confirm_free(self.record)
 

@@ -133,6 +133,14 @@ class WeightCacheJob:
         check = await jobs.check_job(self.host, record)
         return record if check.members else None
 
+    async def refusal(self) -> str:
+        """Why a daemon record that names a live process is not ours (jobs.check_job's words); "" otherwise."""
+        record = await jobs.load_job(self.host, self.job_profile)
+        if record is None or record.pid is None:
+            return ""
+        check = await jobs.check_job(self.host, record)
+        return "" if check.members else f"weight cache daemon record: {check.refusal}" if check.refusal else ""
+
     async def pids(self, record: jobs.JobRecord | None = None) -> set[int]:
         record = record or await self.current()
         if record is None:
