@@ -91,6 +91,7 @@ def test_a_dead_daemon_takes_the_engine_and_is_named(make_profile: MakeProfile, 
         if status["state"] == "CRASHED":
             break
     assert status["state"] == "CRASHED", status
+    assert "Weight cache daemon (pid=" in str(status.get("fatal")), status  # the cause, not the watchdog's echo
     assert "died while this engine holds its weights via CUDA IPC" in Path(server["log_path"]).read_text()
 
 

@@ -163,3 +163,28 @@ def test_seed_timing_plays_the_real_phase_times(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("TUNEDASH_SIM_TIMING")
     assert phase_seconds(1.0)["weights"] == pytest.approx(0.45)
     assert json.dumps(phase_seconds(1.0))
+
+
+def test_a_cache_miss_and_a_dead_daemon_are_named_by_the_parser_and_the_advisor(env: dict[str, str],
+                                                                                 tmp_path: Path,
+                                                                                 reaper: GroupReaper) -> None:
+    from app.core.advisor.evidence import Evidence
+    from app.core.advisor.rules import check_weight_cache_miss
+    from app.core.data import FatalEvent, Notice
+    from app.core.logs.parser import parse_lines, read_log_lines
+
+    srv = Server(reaper, env, tmp_path / "miss.log", "--weight-cache-mode", "client")
+    srv.wait_ready()
+    events = parse_lines(list(read_log_lines(srv.log))).events
+    notices = tuple(e for e in events if isinstance(e, Notice))
+    miss = [n for n in notices if n.feature == "weight_cache"]
+    assert miss and miss[0].kind == "warning"
+    verdict = check_weight_cache_miss(Evidence(backend="sglang", requested={}, notices=notices))
+    assert verdict is not None and verdict.what == "the weights came from disk, not from the weight cache daemon"
+    assert "falling back to disk load" in verdict.evidence[0]
+
+    died = ("[2026-12-02 01:00:00 TP0] [IpcModelLoader] Weight cache daemon (pid=4242) died while this engine holds "
+            "its weights via CUDA IPC. The mapped weight pointers are now dangling; continuing would read freed GPU "
+            "memory. Terminating this process.\n")
+    fatal = [e for e in parse_lines([died]).events if isinstance(e, FatalEvent)]
+    assert [f.kind for f in fatal] == ["weight_cache_died"]

@@ -465,7 +465,25 @@ def check_vllm_speculation(ev: Evidence) -> Verdict | None:
                    "A/B it")
 
 
+def check_weight_cache_miss(ev: Evidence) -> Verdict | None:
+    """The engine runs as a weight cache client but loaded its weights from disk: the cache missed."""
+    misses = [n for n in ev.notices if n.feature == "weight_cache" and "falling back to disk" in n.text]
+    if not misses:
+        return None
+    found = tuple(_line(n.line) for n in misses[:1])
+    return Verdict("advice", "the weights came from disk, not from the weight cache daemon", found, {},
+                   "no daemon served these GPUs (its socket was missing, or its key differed): with `warm = true` "
+                   "tunedash starts the daemon before the engine; `tunedash kill --all` then a launch starts a fresh "
+                   "one")
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("weight_cache_miss", "sglang", ("0.5.23", ""), "Weight cache missed", ("log",),
+          "a warm relaunch maps the weights from the daemon in about a second; from disk they take the full load",
+          check_weight_cache_miss),
+    Rule("weight_cache_miss", "vllm", ("", ""), "Weight cache missed", ("log",),
+          "a warm relaunch maps the weights from the daemon in about a second; from disk they take the full load",
+          check_weight_cache_miss),
     Rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
           ("log", "server_info", "argv"),
           "without it every prefill runs eagerly: slower time to first token and slower mixed batches",

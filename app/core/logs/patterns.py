@@ -346,6 +346,10 @@ NOTICE_ROWS: tuple[tuple[str, str], ...] = (
     # vLLM scheduling
     (r"Async scheduling will be disabled", AUTO_DISABLED),
     (r"Defaulting to mp-based distributed executor backend for async scheduling", AUTO_ADJUSTED),
+    # the weight cache (SGLang 0.5.23 ipc_loader.py, vLLM 0.32 weight_cache/ipc_loader.py): the engine loaded its
+    # weights from disk although it runs as the daemon's client
+    (r"Weight cache not available or config mismatch, falling back to disk load"
+     r"|Weight cache unusable \(.*\); falling back to disk loading", WARNING),
     # health
     (r"memory leak detected!", WARNING),
     (r"Health check failed\.", WARNING),
@@ -358,10 +362,12 @@ NOTICE_ROWS: tuple[tuple[str, str], ...] = (
 )
 
 # What a notice is about, when the advisor can act on it (Notice.feature); the first row that matches wins.
+WEIGHT_CACHE = "weight_cache"  # the weight cache daemon: a cache miss, a dead daemon
 PREFILL_CUDA_GRAPH = "prefill_cuda_graph"  # SGLang's piecewise (0.5.10-0.5.12) / breakable or full (0.5.15+) graph
 CUDA_GRAPH = "cuda_graph"  # the decode graph (SGLang), the whole-model graphs (vLLM)
 
 NOTICE_FEATURE_ROWS: tuple[tuple[str, str], ...] = (
+    (r"[Ww]eight cache", WEIGHT_CACHE),
     # "Cuda graph is disabled for prefill server when piecewise cuda graph is not enabled." is about the decode graph
     (r"^\s*(?i:cuda ?graph)(?: and server warmup)? (?:is|are) disabled", CUDA_GRAPH),
     (
@@ -380,7 +386,12 @@ CHILD_FAILED = "child_failed"
 CHILD_CRASHED = "child_crashed"
 ERROR = "error"
 
+WEIGHT_CACHE_DIED = "weight_cache_died"
+
 FATAL_ROWS: tuple[tuple[str, str], ...] = (
+    # SGLang 0.5.23's client watchdog: "[IpcModelLoader] Weight cache daemon (pid=P) died while this engine holds its
+    # weights via CUDA IPC. ... Terminating this process."
+    (r"Weight cache daemon \(pid=\d+\) died while this engine holds its weights", WEIGHT_CACHE_DIED),
     (r"CUDA out of memory|\bOutOfMemoryError\b|Not enough memory\. Please try to increase --mem-fraction-static", OOM),
     (r"[Aa]ddress already in use|is not available in \d+ seconds|is used by a process already", PORT_IN_USE),
     (r"Received sigquit from a child process|SIGQUIT received\..*child failed", CHILD_FAILED),

@@ -25,7 +25,8 @@ LIVE_STATES = {
 STARTING_STATES = LIVE_STATES - {ServerState.READY}
 # Which fatal event explains a crash best: the cause (OOM, port, the exception) over its echo ("a child failed");
 # a child's exit code ("crashed with exit code -9": no traceback, often the OOM killer) tells more than the echo.
-FATAL_RANK = {"child_failed": 0, "child_crashed": 1, "error": 2, "traceback": 3, "port_in_use": 4, "oom": 4}
+FATAL_RANK = {"child_failed": 0, "child_crashed": 1, "error": 2, "traceback": 3, "port_in_use": 4, "oom": 4,
+              "weight_cache_died": 4}
 
 # (phase, the state it begins with, the state it ends with), for phase_durations.
 PHASES = (
