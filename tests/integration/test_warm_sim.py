@@ -101,3 +101,21 @@ def test_warm_with_speculation_is_refused_before_anything_starts(make_profile: M
     assert refused.returncode != 0
     assert "refuses --weight-cache-mode with --speculative-algorithm" in refused.stderr + refused.stdout
     assert "t+weight-cache" not in records(sim_state) if (sim_state / "host" / "jobs").exists() else True
+
+
+def test_another_sessions_daemon_on_the_gpus_is_named(make_profile: MakeProfile, sim_state: Path) -> None:
+    first = warm_text(make_profile, sim_state)
+    assert tunedash("launch", str(first), "--wait", "--timeout", "60").returncode == 0
+    assert tunedash("kill", str(first), "--confirm-free", "--timeout", "20").returncode == 0  # WARM
+    other = make_profile(name="u", extra=WARM)
+    text = other.read_text()
+    for line in ('speculative-algorithm = "NEXTN"\n', "speculative-num-steps = 1\n", "speculative-eagle-topk = 1\n",
+                 "speculative-num-draft-tokens = 2\n"):
+        text = text.replace(line, "")
+    other.write_text(text)
+    refused = tunedash("launch", str(other), "--wait")
+    assert refused.returncode != 0
+    out = refused.stdout + refused.stderr
+    assert "python3" in out and "another tunedash launch's (tag" in out, out
+    assert "such as its weight cache daemon" in out
+    assert "u+weight-cache" not in records(sim_state)

@@ -221,8 +221,25 @@ class ServerLifecycle:
         self.refuse_rejected(self.profile)
         await refuse_unspawnable(self.host, self.profile)
         cache = self.weight_cache()
-        return await preflight(self.host, self.profile, self.telemetry,
-                               own_pids=await cache.pids() if cache else frozenset())
+        try:
+            return await preflight(self.host, self.profile, self.telemetry,
+                                   own_pids=await cache.pids() if cache else frozenset())
+        except LaunchRefused as exc:
+            if cache is None or exc.reason != Reason.GPUS_HELD or not exc.holders:
+                raise
+            raise await self._foreign_holders(exc) from None
+
+    async def _foreign_holders(self, exc: LaunchRefused) -> LaunchRefused:
+        """A warm launch's GPUs held by others: each holder with whose it is; another tunedash session's job (its
+        weight cache daemon, say) named as such, with how to stop it."""
+        named = await jobs.with_owners(self.host, None, FreeVerdict(False, False, {}, exc.holders))
+        foreign = any(h.owner.startswith("another tunedash launch's") for h in named.holders)
+        hint = (" (another tunedash session's job holds them, such as its weight cache daemon: stop it from its "
+                "own profile, `tunedash kill PROFILE --all`)") if foreign else ""
+        text = (f"GPUs of {self.profile.name} on {self.host.name} are not free: "
+                f"{'; '.join(h.describe() for h in named.holders)}{hint}")
+        self._say(text, "error")
+        return LaunchRefused(text, Reason.GPUS_HELD, named.holders)
 
     def weight_cache(self, profile: Profile | None = None) -> WeightCacheJob | None:
         """The profile's weight cache daemon job when it runs warm (app.core.server.warm), else None."""
