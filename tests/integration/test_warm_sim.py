@@ -119,3 +119,23 @@ def test_another_sessions_daemon_on_the_gpus_is_named(make_profile: MakeProfile,
     assert "python3" in out and "another tunedash launch's (tag" in out, out
     assert "such as its weight cache daemon" in out
     assert "u+weight-cache" not in records(sim_state)
+
+
+def test_stuck_beside_the_daemon_names_the_daemon_as_ours(make_profile: MakeProfile, sim_state: Path) -> None:
+    """The engine's memory never comes back (a leak): STUCK, not WARM, and the daemon's pids are named as this
+    profile's weight cache daemon, not as a stranger's."""
+    path = make_profile(extra=WARM, fault="never_release")
+    text = path.read_text()
+    for line in ('speculative-algorithm = "NEXTN"\n', "speculative-num-steps = 1\n", "speculative-eagle-topk = 1\n",
+                 "speculative-num-draft-tokens = 2\n"):
+        text = text.replace(line, "")
+    path.write_text(text)
+    assert tunedash("launch", str(path), "--wait", "--timeout", "60").returncode == 0
+    stuck = tunedash("kill", str(path), "--confirm-free", "--timeout", "3")
+    assert stuck.returncode == 3, stuck.stdout + stuck.stderr
+    assert "GPUs still held" in stuck.stdout and "WARM:" not in stuck.stdout
+    assert "python3" in stuck.stdout and "(this profile's weight cache daemon)" in stuck.stdout, stuck.stdout
+    from app.sim.host_env import reset_state
+
+    assert tunedash("kill", str(path), "--all", "--timeout", "3").returncode == 3  # the leak stays: still held
+    reset_state(sim_state)

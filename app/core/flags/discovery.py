@@ -43,7 +43,8 @@ DISCOVERABLE_BACKENDS = ("vllm", "sglang")
 HELP_ARGS = {"vllm": ("--help=all", "--help"), "sglang": ("--help",)}  # vLLM groups its help
 HELP_TIMEOUT_S = 300.0
 FINGERPRINT_TIMEOUT_S = 60.0
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: flags may hold IPC_CACHE_FORMAT
+IPC_CACHE_FORMAT = "load-format=ipc_cache"  # vLLM's help names the ipc_cache load format (warm mode)
 
 # Run as `python -c SCRIPT PACKAGE BACKEND MODULE`: prints {"version", "mtime", "origin", "distribution"}.
 # The package is not imported when it is the backend's own distribution (its metadata has the version);
@@ -147,6 +148,8 @@ def parse_help_flags(text: str) -> frozenset[str]:
                 names.add(name.group(1))
     names.discard("h")
     names.discard("help")
+    if '"ipc_cache"' in text:  # vLLM 0.32+: `--load-format ipc_cache` (and `vllm preload`): a choice, not a flag
+        names.add(IPC_CACHE_FORMAT)
     return frozenset(names)
 
 

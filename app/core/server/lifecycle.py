@@ -229,6 +229,16 @@ class ServerLifecycle:
                 raise
             raise await self._foreign_holders(exc) from None
 
+    async def _daemon_holders(self, verdict: FreeVerdict) -> FreeVerdict:
+        """The holders that are this profile's weight cache daemon, said so (STUCK names them as ours)."""
+        cache = self.weight_cache()
+        pids = await cache.pids() if cache is not None else set()
+        if not pids:
+            return verdict
+        holders = tuple(dataclasses.replace(h, owner="this profile's weight cache daemon") if h.pid in pids else h
+                        for h in verdict.holders)
+        return dataclasses.replace(verdict, holders=holders)
+
     async def _foreign_holders(self, exc: LaunchRefused) -> LaunchRefused:
         """A warm launch's GPUs held by others: each holder with whose it is; another tunedash session's job (its
         weight cache daemon, say) named as such, with how to stop it."""
@@ -622,6 +632,7 @@ class ServerLifecycle:
             self._say(freed_text(verdict, elapsed))
         else:
             verdict = await jobs.with_owners(self.host, record or self.record, verdict)  # whose each holder is
+            verdict = await self._daemon_holders(verdict)
             self.holders = verdict.holders
             self._set_state(ServerState.STUCK)
             self._say(stuck_text(verdict, elapsed), "error")

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from app.core.data import EventLevel, FlagValue
 from app.core.errors import Reason
-from app.core.flags.discovery import ServerFlags
+from app.core.flags.discovery import IPC_CACHE_FORMAT, ServerFlags
 from app.core.flags.weight_cache import changed_key_fields
 from app.core.hosts.base import Host, HostError
 from app.core.profiles.render import launch_argv, launch_env
@@ -105,8 +105,9 @@ def warm_refusal(profile: Profile, found: ServerFlags | None) -> str:
             return (f"{profile.source}: warm: {name} refuses --weight-cache-mode with --speculative-algorithm (its "
                     "daemon does not export the draft model's weights); remove speculative-algorithm or warm")
         return ""
-    if "load-format" not in (found.flags or ()):
-        return f"{profile.source}: warm: {name} takes no --load-format, so no ipc_cache; remove warm"
+    if IPC_CACHE_FORMAT not in (found.flags or ()):
+        return (f"{profile.source}: warm: {name} has no ipc_cache load format (`vllm preload` arrived in vLLM 0.32); "
+                "remove warm or install 0.32+ (`tunedash flags PROFILE --refresh` asks the server again)")
     return ""
 
 
