@@ -62,3 +62,10 @@ def test_the_warm_key(tmp_path: Path) -> None:
     custom.write_text('backend = "custom"\ncommand = ["x"]\nready_regex = "up"\nwarm = true\n')
     with pytest.raises(ProfileError, match=r"c\.toml: warm: a custom command has no weight cache daemon"):
         load_profile(custom)
+
+
+def test_a_warm_release_is_timed_to_warm() -> None:
+    from app.core.server.states import phase_durations
+
+    times = phase_durations({"KILLING": 10.0, "RELEASING": 10.5, "WARM": 11.25})
+    assert times == {"kill": 0.5, "release": 0.75}

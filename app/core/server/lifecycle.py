@@ -551,6 +551,7 @@ class ServerLifecycle:
         self._marks.pop("KILLING", None)
         self._marks.pop("RELEASING", None)
         self._marks.pop("FREE", None)
+        self._marks.pop("WARM", None)
         self._attached_times = None
         self._set_state(ServerState.KILLING)
         # Sample the GPUs from the signal on: the driver frees memory as the ranks exit, often before the
@@ -703,7 +704,7 @@ class ServerLifecycle:
                 verdict.holders,
             )
         self.profile = profile
-        kept = {k: v for k, v in self._marks.items() if k in ("KILLING", "RELEASING", "FREE")}
+        kept = {k: v for k, v in self._marks.items() if k in ("KILLING", "RELEASING", "FREE", "WARM")}
         await self.launch()
         self._marks.update(kept)
         return await self.wait_ready(ready_timeout_s)

@@ -90,6 +90,8 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
     for name, begin, end in PHASES:
         if begin in marks and end in marks and marks[end] >= marks[begin]:
             times[name] = round(marks[end] - marks[begin], 3)
+    if "release" not in times and "RELEASING" in marks and "WARM" in marks and marks["WARM"] >= marks["RELEASING"]:
+        times["release"] = round(marks["WARM"] - marks["RELEASING"], 3)  # a warm profile's engine: released to WARM
     if "load" not in times and "LOADING" in marks and "WARMING" in marks and "CAPTURING" not in marks:
         times["load"] = round(marks["WARMING"] - marks["LOADING"], 3)
     if "kill" not in times:
