@@ -662,13 +662,14 @@ class ServerLifecycle:
         self._warm_tracker = WarmTracker(pids, limit)
         if self.last_free is not None:
             self._warm_tracker.feed(self.last_free)
-        warm = asyncio.ensure_future(self._warm_seen.wait())
+        waits = {asyncio.ensure_future(self._warm_seen.wait()), asyncio.ensure_future(watch.confirmed.wait())}
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.wait({warm, asyncio.ensure_future(watch.confirmed.wait())},
-                                                    return_when=asyncio.FIRST_COMPLETED), timeout_s)
+                await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout_s)
         finally:
-            warm.cancel()
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
             await watch.stop()
         return watch.verdict, time.monotonic() - watch.started
 
