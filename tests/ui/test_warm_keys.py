@@ -34,6 +34,11 @@ async def test_k_is_warm_and_capital_k_is_free(warm_profile: Profile) -> None:
     app = create_app(warm_profile, autolaunch=True, keymap_file=None)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
+        # discovery ran while the daemon loaded: the running profile keeps 0.5.23's toggle flags (`g` renders
+        # --cuda-graph-backend-prefill, not 0.5.10's --enforce-piecewise-cuda-graph)
+        await until(pilot, lambda: app.session.server_flags is not None, what="discovery", timeout=30)
+        g = next(t for t in app.session.profile.toggles if t.key == "g")
+        assert g.flags == ("cuda-graph-backend-prefill",)
         await pilot.press("k")
         assert isinstance(app.screen, ConfirmModal)
         await pilot.press("y")

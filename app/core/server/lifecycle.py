@@ -282,6 +282,7 @@ class ServerLifecycle:
                     raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
                                         + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
             await cache.ensure(profile, profile.ready_timeout_s)
+            profile = self.profile  # the daemon took a while: discovery may have rendered the toggles meanwhile
         argv = client_argv(profile) if cache is not None else launch_argv(profile)
         log_path = jobs.log_path_for(self.host, profile)
         me = jobs.who_am_i()
