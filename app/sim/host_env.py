@@ -23,6 +23,8 @@ Environment variables of the simulated host (read by app.sim.*):
     TUNEDASH_SIM_STARTUP_S   the simulated SGLang server's total startup time in seconds (default ~6 s;
                              tests use ~0.3); host.json "startup_s" is used when the variable is unset
     TUNEDASH_SIM_FAULT       server fault knobs, comma-separated: crash_loading, oom_capture, never_release
+    TUNEDASH_SIM_TIMING      "seed": the server plays the seed model's real phase times (app.sim.sglang.SEED_PHASES:
+                             weights 31.1 s, graphs 12.4 + 3.9 s) instead of shares of TUNEDASH_SIM_STARTUP_S
     TUNEDASH_SIM_SPEED_FILE  a TOML file overriding keys of app/sim/speed_model.toml
     TUNEDASH_SIM_SGLANG_VERSION  the SGLang release the simulated server speaks: 0.5.10 (default) or 0.5.23
                              (app.sim.versions; app.connect sets it from a profile's sim_version)

@@ -16,6 +16,7 @@ Environment:
     TUNEDASH_SIM_STATE      state folder of the simulated host (default: host_env.default_state_dir())
     TUNEDASH_SIM_SGLANG_VERSION  the release spoken: 0.5.10 (default) or 0.5.23
     TUNEDASH_SIM_STARTUP_S  total startup time in seconds (default: host.json "startup_s", else 6.0)
+    TUNEDASH_SIM_TIMING     "seed": the seed model's real phase times (SEED_PHASES) instead of shares of the startup
     TUNEDASH_SIM_FAULT      comma-separated faults: crash_loading (rank 0 dies while loading weights with a
                             traceback), oom_capture (CUDA OOM at CUDA graph capture), never_release (the
                             ranks' allocation records are flagged leaked: kept after the ranks die)
@@ -23,6 +24,8 @@ Environment:
                             has no spec v1 (overlap on with EAGLE unless --disable-overlap-schedule)
 An unknown --model-path fails like SGLang (OSError from the config loader, exit 1); models.toml lists the
 known ones. "Address already in use" is real: the port is bound after loading, like uvicorn does.
+--weight-cache-mode client: the ranks map the target's weights from the simulated weight cache daemon
+(app.sim.weight_cache, app.sim.ipc_client) and a scheduler that dies takes the server down (SubprocessWatchdog).
 SIGTERM: log, drain (503 on /health) until no request is in flight (max 5 s), SIGKILL the children, exit 0.
 """
 
