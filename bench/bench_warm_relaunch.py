@@ -4,9 +4,10 @@ One run: the demo-warm profile (TUNEDASH_SIM_TIMING=seed: weights 31.1 s, verify
 graph 3.9 s) relaunched N times cold (warm = false) and N times warm (the weight cache daemon kept), each relaunch
 a flag change that keeps the cache key (the prefill graph toggled: `g r`; SGLang 0.5.23 refuses the weight cache
 with speculation, so the seed's `s s r` has no warm form). Prints each relaunch's wall time and phases, the
-medians, the ratio cold / warm, and the goal: warm <= capture + warmup + 3 s.
+medians, the ratio cold / warm, and the goal: warm <= capture + warmup + 3 s. With --ab, also the wall time of
+`tunedash ab PROFILE --launches 2` (prefill graph auto vs breakable), cold vs warm, in the same run.
 
-Run: .venv/bin/python bench/bench_warm_relaunch.py [--cycles 5]
+Run: .venv/bin/python bench/bench_warm_relaunch.py [--cycles 5] [--ab]
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import asyncio
 import dataclasses
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +27,10 @@ from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.types import Profile
+from app.core.server.events import LifecycleEvent, StateChanged
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import telemetry_for
+from app.sim.gpu_state import released_log
 from app.sim.host_env import reset_state
 
 PREFILL = "cuda-graph-backend-prefill"
@@ -46,15 +51,37 @@ def toggled(profile: Profile, i: int) -> Profile:
     return dataclasses.replace(profile, flags=flags)
 
 
+AFTER_RELEASE: dict[str, list[float]] = {"WARM": [], "FREE": []}  # state -> seconds after the driver's last release
+
+
+def after_release(state: Path, since: float, at: float, names: str) -> float | None:
+    """Seconds from the simulated driver's last release (of records named `names`...) since `since` to `at`."""
+    times = [r["released_at"] for r in released_log(state) if r["released_at"] >= since and r["name"].startswith(names)]
+    return at - max(times) if times else None
+
+
 async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, float]]]:
     host = host_for(profile)
     lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus))
+    entered: dict[ServerState, float] = {}
+
+    def listen(event: LifecycleEvent) -> None:
+        if isinstance(event, StateChanged):
+            entered[event.state] = event.at
+
+    lifecycle.subscribe(listen)
+    assert profile.sim_state is not None
     await lifecycle.launch()
     assert await lifecycle.wait_ready(400) == ServerState.READY
     out = []
     for i in range(1, cycles + 1):
         t0 = time.monotonic()
+        since = time.time()
         state = await lifecycle.relaunch(toggled(profile, i), ready_timeout_s=400)
+        if profile.warm and ServerState.WARM in entered:
+            gap = after_release(profile.sim_state, since, entered[ServerState.WARM], "sglang::")
+            if gap is not None:
+                AFTER_RELEASE["WARM"].append(gap)
         wall = time.monotonic() - t0
         assert state == ServerState.READY, state
         times = lifecycle.phase_times
@@ -62,7 +89,11 @@ async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, 
         print(f"  {'warm' if profile.warm else 'cold'} relaunch {i}: {wall:.1f} s  "
               + " ".join(f"{k} {v:.1f}" for k, v in times.items()), flush=True)
     if profile.warm:
+        since = time.time()
         await lifecycle.kill_all()
+        gap = after_release(profile.sim_state, since, entered[ServerState.FREE], "")
+        if gap is not None:
+            AFTER_RELEASE["FREE"].append(gap)
     else:
         await lifecycle.kill(confirm_free=True)
     await lifecycle.close()
@@ -70,7 +101,36 @@ async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, 
     return out
 
 
-async def main(cycles: int) -> None:
+def ab_wall(warm: bool) -> float:
+    """`tunedash ab` on a copy of demo-warm (its own state folder and port), warm or cold: its wall time."""
+    source = Path(__file__).resolve().parents[1] / "profiles" / "demo-warm.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "sim"
+        reset_state(state)
+        text = source.read_text().replace('sim_state = "~/.cache/tunedash/sim-warm"', f'sim_state = "{state}"')
+        text = text.replace("port = 30024", f"port = {free_port()}")
+        text = text.replace("warm = true", f"warm = {str(warm).lower()}")
+        path = Path(tmp) / "ab.toml"
+        path.write_text(text)
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "app", "ab", str(path), "--a", "", "--b",
+                               f"{PREFILL}=breakable", "--launches", "2", "--trials", "1", "--requests", "8",
+                               "--ready-timeout", "400"], capture_output=True, text=True, check=False)
+        wall = time.monotonic() - t0
+        subprocess.run([sys.executable, "-m", "app", "kill", str(path), "--all", "--take-over"], capture_output=True,
+                       check=False)
+        if done.returncode != 0:
+            raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+        return wall
+
+
+async def main(cycles: int, ab: bool) -> None:
+    if ab:
+        cold_ab, warm_ab = ab_wall(False), ab_wall(True)
+        print(f"tunedash ab --launches 2: cold {cold_ab:.1f} s, warm {warm_ab:.1f} s, ratio {cold_ab / warm_ab:.2f}x",
+              flush=True)
+        if cycles == 0:
+            return
     base = resolve_profile("demo-warm")
     results = {}
     for warm in (False, True):
@@ -87,9 +147,15 @@ async def main(cycles: int) -> None:
     goal = capture + warmup + 3.0
     print(f"goal warm <= capture {capture:.1f} + warmup {warmup:.1f} + 3 s = {goal:.1f} s: "
           f"{'met' if warm_wall <= goal else 'missed'}")
+    for name, gaps in AFTER_RELEASE.items():
+        if gaps:
+            print(f"{name} {statistics.median(gaps) * 1000:.0f} ms after the driver's last release (median of "
+                  f"{len(gaps)}; the sim's release watch, app/core/telemetry's pace)")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cycles", type=int, default=5)
-    asyncio.run(main(parser.parse_args().cycles))
+    parser.add_argument("--ab", action="store_true", help="also time `tunedash ab --launches 2`, cold vs warm")
+    options = parser.parse_args()
+    asyncio.run(main(options.cycles, options.ab))
