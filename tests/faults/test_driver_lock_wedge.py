@@ -205,7 +205,9 @@ def _wait(check: object, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def test_sigterm_of_a_holding_cli_command_gives_the_lock_back(make_profile: MakeProfile) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["TERM", "HUP"])
+def test_sigterm_of_a_holding_cli_command_gives_the_lock_back(make_profile: MakeProfile, signum: int,
+                                                             code: int) -> None:
     path = make_profile(startup_s=60)  # `launch --wait` holds the lock for a minute
     profile = load_profile(path)
     proc = subprocess.Popen([sys.executable, "-m", "app", "launch", str(path), "--wait"], cwd=REPO,
@@ -213,19 +215,20 @@ def test_sigterm_of_a_holding_cli_command_gives_the_lock_back(make_profile: Make
     try:
         _wait(lambda: (_claim_of(profile) or {}).get("pid") == proc.pid, 30, "the launch to hold the lock")
         assert list(_drivers(profile).glob("*.beat"))
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert proc.returncode == code, err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err
     assert _claim_of(profile) is None and not list(_drivers(profile).glob("*"))  # claim and beat given back
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (CI installs it via .ci/run)")
-def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile, signum: int) -> None:
     path = make_profile(name="term")
     profile = load_profile(path)
     dashboard = Tmux("TEXTUAL_ANIMATIONS=none " + shlex.join([sys.executable, "-m", "app", "ui", str(path)]), REPO)
@@ -234,7 +237,7 @@ def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile) -
         _wait(lambda: (_claim_of(profile) or {}).get("kind") == "dashboard", 30, "the dashboard to hold the lock")
         pid = int((_claim_of(profile) or {})["pid"])  # type: ignore[call-overload]
         assert str(path) in Path(f"/proc/{pid}/cmdline").read_text()  # the dashboard this test started
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signum)
         _wait(lambda: not Path(f"/proc/{pid}").exists(), 15, "the dashboard to quit")
         assert _claim_of(profile) is None and not list(_drivers(profile).glob("*.beat"))  # given back before it quit
     finally:
