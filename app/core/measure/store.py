@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import jsontext
+from app.core.errors import TunedashError
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
@@ -98,8 +99,10 @@ def default_path() -> Path:
     return data_dir() / DB_NAME
 
 
-class StoreError(Exception):
+class StoreError(TunedashError):
     """The history cannot be opened or read; the message names the file and what to do."""
+
+    title = "History unreadable"
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,10 @@ class RunRow:
 EPOCH_MAX = 4102444800.0  # 2100-01-01: a time past it (1e300) is not one a clock wrote
 
 
-class BadRow(ValueError):
+class BadRow(StoreError, ValueError):
     """A history row whose values are not what tunedash writes (a hand edit, another tool, a torn disk)."""
+
+    title = "Unreadable history row"
 
 
 def _loads(text: object) -> Any:
