@@ -13,6 +13,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("tunedash")
 
+RECANCEL_S = 0.5  # close() cancels a task again when it has not ended this long after its cancel
+CLOSE_WAIT_S = 10.0  # close() gives up on a task that still runs after this long (and logs its name)
+
 Unsubscribe = Callable[[], None]
 """What every subscribe returns: call it (once or more, it is idempotent) to stop receiving events."""
 
@@ -126,10 +129,17 @@ class TaskOwner:
             task.cancel()
 
     async def cancel_all(self) -> None:
-        """Cancel the running tasks and wait for them; the owner stays open for new ones."""
+        """Cancel the running tasks and wait for them; the owner stays open for new ones. A task that swallowed its
+        cancellation (Python 3.11's wait_for can, when its inner call ends at the same moment) is cancelled again
+        every RECANCEL_S; one still running after CLOSE_WAIT_S is logged by name and left behind."""
         current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        pending = {task for task in self._tasks if task is not current}
+        deadline = asyncio.get_running_loop().time() + CLOSE_WAIT_S
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+            if pending and asyncio.get_running_loop().time() >= deadline:
+                log.error("%s: tasks still running %.0f s after their cancel: %s", self.name, CLOSE_WAIT_S,
+                          ", ".join(sorted(task.get_name() for task in pending)))
+                return
