@@ -397,8 +397,9 @@ class Experiment:
         spec = self.spec
         first = spec.arms[0].profile
         if self.store is not None:
-            self.run_id = self.store.start_run(
-                "ab", profile=first.name, host=first.host, backend=first.backend, model=first.model,
+            self.run_id = await self.store.in_thread(
+                self.store.start_run, "ab", profile=first.name, host=first.host, backend=first.backend,
+                model=first.model,
                 params=spec.params_json(),
                 arms=[(a.label, a.overrides, dict(a.profile.flags)) for a in spec.arms])
             self.result.run_id = self.run_id
@@ -421,7 +422,8 @@ class Experiment:
             self.result.note = note
             data = self.result.to_json()  # the launch statistics once, for the store and the "done" line
             if self.store is not None and self.run_id is not None:
-                self.store.finish_run(self.run_id, status, summary=data, verdict=data.get("verdict"), note=note or None)
+                await self.store.in_thread(self.store.finish_run, self.run_id, status, summary=data,
+                                           verdict=data.get("verdict"), note=note or None)
         self._emit("done", str(data.get("verdict") or ""), trials_done=len(spec.schedule()),
                    trials_total=len(spec.schedule()))
         return self.result
@@ -447,19 +449,19 @@ class Experiment:
             state = await self.owner.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s,
                                               change=f"{which}: {arm.overrides or 'the profile as is'}")
         except LaunchRefused as refused:
-            self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
+            await self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
             raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.reason) from None
         life = self.owner.view()
         times = life.phase_times
         if state != ServerState.READY:
-            self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
+            await self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
             raise ExperimentFailed(
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
                 f"{'' if state != ServerState.CRASHED else ': ' + life.crash_detail()}); see the log "
                 f"{life.record.log_path if life.record else ''}".rstrip(), Reason.START_FAILED)
         url = await self.owner.host.http_base(arm.profile.port)
         info = await server_info(url, arm.profile.backend)
-        self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
+        await self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
         self._emit("ready", f"{which}: ready after {time.time() - started:.1f} s", arm=arm_idx,
                    launch=launch_idx, trials_done=done, trials_total=total)
@@ -469,16 +471,17 @@ class Experiment:
             warm = replace(self.spec.bench, requests=self.spec.bench.warmup, warmup=0)
             await run_bench(url, arm.profile.model, warm)
 
-    def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
-                       outcome: str, times: dict[str, float] | None = None) -> None:
+    async def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
+                             outcome: str, times: dict[str, float] | None = None) -> None:
         if self.store is None:
             return
         server_flags = None
         if info is not None:
             server_flags = {k: v for k, v in info.items() if not isinstance(v, (dict, list)) or k == "speculative"}
-        self.store.add_launch(run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
-                              argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
-                              phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
+        await self.store.in_thread(
+            self.store.add_launch, run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
+            argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
+            phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
 
     async def _trial(self, step: Step, done: int, total: int) -> None:
         arm_idx, launch_idx, trial_idx = step
@@ -521,9 +524,9 @@ class Experiment:
         outcome.requests += summary.requests
         outcome.output_tokens += summary.output_tokens
         if self.store is not None and self.run_id is not None:
-            self.store.add_trial(self.run_id, arm_idx, trial_idx, value=value, summary=summary_json,
-                                 accept_len=accept, accept_source=source, requests=result.results,
-                                 launch_idx=launch_idx)
+            await self.store.in_thread(self.store.add_trial, self.run_id, arm_idx, trial_idx, value=value,
+                                       summary=summary_json, accept_len=accept, accept_source=source,
+                                       requests=result.results, launch_idx=launch_idx)
         shown = "no successful request" if value is None else f"{value:.1f} tok/s"
         errors = f", {summary.errors} errors" if summary.errors else ""
         self._emit("trial", f"{where}: {shown}{errors}", arm=arm_idx, launch=launch_idx,
