@@ -12,8 +12,8 @@ import pytest
 
 from app.core.profiles.loading import load_profile, parse_profile
 from app.core.profiles.types import ProfileError
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = 'backend = "sglang"\nmodel = "m"\nhost = "local"\n'
 
 

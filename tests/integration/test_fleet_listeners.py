@@ -16,8 +16,7 @@ from app.core.profiles.loading import resolve_profile
 from app.core.server.events import LifecycleEvent
 from app.core.session import Session
 from tests.helpers import until
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import ssh_profile  # noqa: F401 - fixture
+from tests.integration.sshd import Sshd
 from tests.integration.test_ssh_session import make_host
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -27,8 +26,8 @@ def _reconnected(events: list[ConnectionChanged], after: int) -> bool:
     return any(e.state == "connected" and e.since is not None for e in events[after:])
 
 
-async def test_fleet_enter_escape_20_times_with_a_reconnect_leaves_one_listener(sshd: Sshd,  # noqa: F811
-                                                                                   ssh_profile) -> None:  # noqa: F811
+async def test_fleet_enter_escape_20_times_with_a_reconnect_leaves_one_listener(sshd: Sshd,
+                                                                                   ssh_profile) -> None:
     profile = resolve_profile(str(ssh_profile(name="fleet-listeners")))
     host = make_host(profile, sshd)
     fleet_heard: list[ConnectionChanged] = []

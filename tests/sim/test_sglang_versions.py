@@ -26,11 +26,11 @@ from app.sim.server_args import load_models, parse, resolve
 from app.sim.sglang import speed_config
 from app.sim.speed import SpeedModel, load_params
 from app.sim.versions import VERSION_ENV, VERSIONS, data_files, flag_table
+from tests.helpers import REPO
 
 from .conftest import GroupReaper, wait_for
 from .test_sglang_server import Server
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE_0523 = REPO / "tests" / "data" / "logs" / "sglang_0523_startup.log"
 DEMO = load_models()["sim/qwen3.6-27b"]
 # The flag that keeps the prefill-side graph on where SGLang would turn it off (the `g` key), per release.
