@@ -26,7 +26,7 @@ import math
 import shlex
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -164,15 +164,28 @@ def energy_note_of(summary: dict[str, Any]) -> str:
     return note[:200]
 
 
+@dataclass(frozen=True)
+class TrialEnergy:
+    """One trial's energy, successful or not: its launch, the summary's energy as `energy_of` checked it (None
+    when the trial has none) and, then, why not (`energy_note_of`)."""
+
+    launch: int
+    energy: dict[str, Any] | None
+    note: str = ""
+
+    @classmethod
+    def of(cls, launch: int, summary: dict[str, Any]) -> TrialEnergy:
+        """From a trial's summary (live, or as the store read it)."""
+        return cls(launch, energy_of(summary), energy_note_of(summary))
+
+
 @dataclass
 class ArmOutcome:
     label: str
     overrides: str
     values: list[float] = field(default_factory=list)  # every successful trial, in order
     launches: list[list[float]] = field(default_factory=list)  # the same values, one list per launch
-    energy: list[dict[str, Any] | None] = field(default_factory=list)  # per trial (energy_of), in order
-    energy_launch: list[int] = field(default_factory=list)  # the launch of each entry of `energy`
-    energy_notes: list[str] = field(default_factory=list)  # per trial: why it has no energy ("" when it has)
+    energy: list[TrialEnergy] = field(default_factory=list)  # every trial, in order
     accept: list[float] = field(default_factory=list)
     errors: int = 0
     requests: int = 0
@@ -185,14 +198,14 @@ class ArmOutcome:
 
     def data(self) -> ArmData:
         return ArmData(self.label, self.overrides, self.values, self.accept, self.errors, self.requests,
-                       self.output_tokens, self.launches,
-                       list(zip(self.energy_launch, self.energy, self.energy_notes, strict=True)))
+                       self.output_tokens, self.launches, list(self.energy))
 
 
-class ArmData(NamedTuple):
+@dataclass(frozen=True)
+class ArmData:
     """What result_json needs of one arm (a live ArmOutcome or a stored run). `launches` None: one launch.
 
-    energy: (launch, the trial's energy or None[, why not]) for every trial, successful or not."""
+    energy: every trial's TrialEnergy, successful or not (None: a run stored before energy was measured)."""
 
     label: str
     overrides: str
@@ -202,7 +215,7 @@ class ArmData(NamedTuple):
     requests: int
     output_tokens: int
     launches: list[list[float]] | None = None
-    energy: list[tuple[Any, ...]] | None = None
+    energy: list[TrialEnergy] | None = None
 
     @property
     def by_launch(self) -> list[list[float]]:
@@ -257,9 +270,9 @@ def arm_energy(arm: ArmData) -> dict[str, Any] | None:
     entries = arm.energy or []
     if not entries:
         return None
-    got: list[tuple[int, dict[str, Any]]] = [(int(x[0]), x[1]) for x in entries if x[1] is not None]
+    got: list[tuple[int, dict[str, Any]]] = [(x.launch, x.energy) for x in entries if x.energy is not None]
     methods = sorted({str(e["method"]) for _, e in got})
-    notes = sorted({str(x[2]) for x in entries if x[1] is None and len(x) > 2 and x[2]})
+    notes = sorted({x.note for x in entries if x.energy is None and x.note})
     why = f": {'; '.join(notes)}" if notes else ""
     if not got:
         return {"measured": False, "methods": methods, "notes": notes, "missing": f"no trial measured energy{why}"}
@@ -295,15 +308,14 @@ def _energy_text(first: ArmData, other: ArmData, ea: dict[str, Any] | None, eb: 
     return "energy not measured" + (f" (method {', '.join(methods)})" if methods else "")
 
 
-def result_json(status: str, arms: list[ArmData] | list[tuple[Any, ...]], *,
-                run_id: int | None = None, note: str = "") -> dict[str, Any]:
+def result_json(status: str, arms: Sequence[ArmData], *, run_id: int | None = None, note: str = "") -> dict[str, Any]:
     """The JSON of an experiment: per arm its launches x trials, launch_values (launch means), mean and ci95
     from the launches, both spreads, energy; `ratio` and `ratio_ci` (B/A from launches) and `verdict`.
 
-    Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`.
-    A plain 7-tuple arm (label, overrides, values, accept, errors, requests, tokens) is one launch.
+    Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`; this
+    is where an experiment's typed data becomes JSON.
     """
-    items = [a if isinstance(a, ArmData) else ArmData(*a) for a in arms]
+    items = list(arms)
     out_arms = []
     energies = []
     for arm in items:
@@ -515,9 +527,7 @@ class Experiment:
         if value is not None:
             outcome.values.append(value)
             outcome.launches[-1].append(value)
-        outcome.energy.append(energy_of(summary_json))
-        outcome.energy_launch.append(launch_idx)
-        outcome.energy_notes.append(energy_note_of(summary_json))
+        outcome.energy.append(TrialEnergy.of(launch_idx, summary_json))
         if accept is not None:
             outcome.accept.append(accept)
         outcome.errors += summary.errors
