@@ -136,7 +136,7 @@ class SshHost(Host):
             if self._trust_prompt is None:
                 raise
             if await self._trust_prompt(exc.request):
-                add_known_host(exc.request)
+                await asyncio.to_thread(add_known_host, exc.request)  # a file append: off the loop
                 return await self._open()  # the next host of a ProxyJump chain may ask in turn
             # The person said no: final for this host object (no retry asks again every second).
             self._failed = exc
