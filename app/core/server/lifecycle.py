@@ -116,7 +116,6 @@ class ServerLifecycle:
         self._tasks = TaskOwner(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
         self._record_writes: set[asyncio.Task[Any]] = set()  # close() lets these finish (RECORD_WRITE_WAIT_S)
         self._unsubscribe_connection = host.subscribe_connection(self._on_connection)
-        self.closed = False
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], *, writes_record: bool = False) -> None:
         task = self._tasks.spawn(coro)
@@ -621,7 +620,6 @@ class ServerLifecycle:
         (READY's outcome, ready time and phase times; a crash) gets up to RECORD_WRITE_WAIT_S to land first:
         `tunedash launch --wait` ends right after READY, and without it the record never said the server was
         ready (the fleet, `status`)."""
-        self.closed = True
         self._unsubscribe_connection()
         if self._record_writes:
             await asyncio.wait(set(self._record_writes), timeout=RECORD_WRITE_WAIT_S)
