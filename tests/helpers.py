@@ -16,6 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
+REPO = Path(__file__).resolve().parents[1]
+"""The repository's root: the one constant every test that runs the CLI or reads shipped files uses."""
+DATA = REPO / "tests" / "data"
+"""The test fixtures' folder (captures, logs, broken profiles, nvidia-smi outputs)."""
+
 MakeProfile = Callable[..., Path]
 """The `make_profile` fixture (tests/conftest.py): keyword arguments of `sim_profile_text`, returns the file."""
 
@@ -65,15 +70,29 @@ def kill_launched(sim_state: Path) -> None:
             pass
 
 
-async def until(check: Callable[[], object], timeout: float, what: str,
-                detail: Callable[[], str] | None = None) -> None:
-    """Wait (polling every 50 ms) until `check()` is true; fail naming `what` (and `detail()`) after `timeout` s."""
+async def until(check: Callable[[], object], timeout: float = 30.0, what: str = "the condition",
+                detail: Callable[[], str] | None = None, *, interval: float = 0.05) -> None:
+    """Wait on the event loop (polling every `interval` s) until `check()` is true; fail naming `what` (and
+    `detail()`) after `timeout` s. The one polling helper of async tests; `wait_until` is its blocking twin for
+    tests without a loop, and `pilot_until` the one for a Textual app under `run_test`."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() >= deadline:
             more = f": {detail()}" if detail else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval)
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "the condition",
+               detail: Callable[[], str] | None = None, *, interval: float = 0.05) -> Any:
+    """`until` for tests without an event loop (subprocesses, threads): blocks, and returns check()'s value."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() >= deadline:
+            more = f": {detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
+        time.sleep(interval)
+    return value
 
 
 @asynccontextmanager

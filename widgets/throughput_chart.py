@@ -188,8 +188,8 @@ class ThroughputChart(Widget):
     ThroughputPoint.at) and is the right edge of the x axis, which reads seconds before now. The x axis spans the
     data (at least MIN_SPAN_S, rounded up to a round tick step) until the data is `window_s` old; from then on it
     spans the window and scrolls (docs/decisions.md#chart-axes).
-    The tokens/s axis runs from 0 to a round ceiling that only grows (call `reset_scale()` after a change of
-    model); acceptance length from 0 to a round ceiling too. Ticks on both axes are multiples of 1, 2, 2.5 or 5
+    The tokens/s axis runs from 0 to a round ceiling that only grows; acceptance length from 0 to a round
+    ceiling too. Ticks on both axes are multiples of 1, 2, 2.5 or 5
     times a power of ten, as many as the chart's height has room for.
     """
 
@@ -276,17 +276,6 @@ class ThroughputChart(Widget):
         self._points = new_points
         self._markers = new_markers
         self._now = now
-        self._dirty = True
-
-    def add_marker(self, marker: RelaunchMarker) -> None:
-        """Add one relaunch marker."""
-        self._markers = (*self._markers, marker)
-        self._dirty = True
-
-    def reset_scale(self) -> None:
-        """Let the y axes shrink again on the next replot."""
-        self._y_peak = 0.0
-        self._accept_peak = None
         self._dirty = True
 
     @property

@@ -4,7 +4,7 @@ Exit codes, the same condition the same code in every command (README "Exit code
 0 done; 1 the GPUs could not be read; 2 bad input (profile, flag, file, arm, run id) or a server state that
 forbids the command (already running, nothing running); 3 the GPUs stay held; 4 the server failed to start
 (crashed, not ready in time, port taken) or a measurement finished no request; 130 interrupted (Ctrl-C);
-141 the reader of stdout went away; 143 stopped by SIGTERM (after giving back the driver lock).
+141 the reader of stdout went away; 143 stopped by SIGTERM, 129 by SIGHUP (after giving back the driver lock).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ EXIT_GPUS_HELD = 3
 EXIT_START_FAILED = 4
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
-EXIT_TERMINATED = 143
+EXIT_TERMINATED = 143  # SIGTERM; a SIGHUP exits 129 (Terminated.exit_code)
 
 EXIT_FOR_REASON: dict[Reason, int] = {
     Reason.BAD_INPUT: EXIT_BAD_INPUT,
@@ -102,31 +102,41 @@ _held: list[tuple[DriverLock, asyncio.Task[None]]] = []
 
 
 class Terminated(Exception):
-    """SIGTERM stopped a command; its driver locks were given back and its hosts closed (exit 143)."""
+    """SIGTERM or SIGHUP stopped a command; its driver locks were given back and its hosts closed (exit 128 + the
+    signal's number: 143, 129)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # kill's default; the terminal or SSH connection going away
 
 
 async def run_command(command: Coroutine[Any, Any, int]) -> int:
     """Run one async command, then give back the driver locks it took and close the hosts it opened (an SSH
     connection ends before the exit). SIGTERM cancels the command the way Ctrl-C does and ends in Terminated,
-    after the same clean-up: a `kill`, `launch`, `relaunch` or `ab` stopped by a signal gives its lock back."""
+    after the same clean-up: a `kill`, `launch`, `relaunch` or `ab` stopped by a signal gives its lock back. SIGHUP
+    (the terminal or the SSH session that ran it went away) does the same."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
-    terminated = False
+    stopped_by: int | None = None
 
-    def on_sigterm() -> None:
-        nonlocal terminated
-        if not terminated and task is not None:  # a second SIGTERM while cleaning up changes nothing
-            terminated = True
+    def on_signal(signum: int) -> None:
+        nonlocal stopped_by
+        if stopped_by is None and task is not None:  # a second signal while cleaning up changes nothing
+            stopped_by = signum
             task.cancel()
 
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         return await command
     except asyncio.CancelledError:
-        if not terminated or task is None:
+        if stopped_by is None or task is None:
             raise
         task.uncancel()  # the clean-up below awaits; this task is no longer being cancelled
-        raise Terminated("stopped by SIGTERM") from None
+        raise Terminated(stopped_by) from None
     finally:
         while _held:
             lock, beating = _held.pop()
@@ -136,7 +146,8 @@ async def run_command(command: Coroutine[Any, Any, int]) -> int:
         while _opened:
             with contextlib.suppress(Exception):
                 await _opened.pop().close()
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 async def drive(lifecycle: ServerLifecycle, args: argparse.Namespace, command: str) -> None:

@@ -20,7 +20,6 @@ from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_TERMINATED,
     CliError,
     Terminated,
     exit_code,
@@ -153,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Terminated as exc:
         print(f"tunedash: {exc}", file=sys.stderr)
-        return EXIT_TERMINATED
+        return exc.exit_code
     except BrokenPipeError:  # `tunedash status | head`: the reader left early; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE

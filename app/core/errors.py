@@ -1,4 +1,5 @@
-"""Errors the core raises on purpose: a message for people and a Reason for programs.
+"""Errors the core raises on purpose: TunedashError, their one root, with a title and a message for people and a
+Reason for programs.
 
 The core never knows about exit codes: app/cli/common.py is the one place that turns a Reason into one
 (docs/architecture.md, "Exit codes"). A message names the file, flag or host and says what to do.
@@ -24,8 +25,21 @@ class Reason(StrEnum):
 
 
 class TunedashError(Exception):
-    """An error with a Reason; subclasses say which part of the core raised it."""
+    """The root of every error the core raises on purpose: a `title` (a few words saying what failed, for a
+    dialog's title or a log line's head), the message (it names the file, flag or host and says what to do) and a
+    Reason (for programs: app/cli/common.py turns it into an exit code). Each subclass sets its own title and
+    default reason; a raise may give others."""
 
-    def __init__(self, message: str, reason: Reason) -> None:
+    title: str = "tunedash error"
+    default_reason: Reason = Reason.BAD_INPUT
+
+    def __init__(self, message: str, reason: Reason | None = None, *, title: str | None = None) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.message = message
+        self.reason = reason if reason is not None else self.default_reason
+        if title is not None:
+            self.title = title
+
+    def describe(self) -> str:
+        """`title: message`, for a log line or a notification."""
+        return f"{self.title}: {self.message}"

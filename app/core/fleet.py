@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 from app.core.data import ConnectionState, DecodeStats, GpuSnapshot, LogEvent, ServerState, SpecDecodeStats
@@ -35,6 +35,7 @@ from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.driver import DriverClaim, DriverLock
 from app.core.server.states import LIVE_STATES, gone_state, state_after
+from app.core.tasks import TaskOwner, Unsubscribe
 from app.core.telemetry.smi import SmiTelemetry
 
 LOOK_PERIOD_S = 2.0
@@ -123,7 +124,6 @@ class _HostWatch:
     connection: ConnectionChanged | None = None
     answered: bool = False
     error: str = ""
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
     telemetry: SmiTelemetry | None = None
 
 
@@ -180,6 +180,8 @@ class FleetPoller:
         self.gpu_period_ms = gpu_period_ms
         self.looks = 0  # completed host looks (benchmarks and tests read it)
         self._started = False
+        self._tasks = TaskOwner("fleet")
+        self._unsubscribes: list[Unsubscribe] = []
 
     # ---- running -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -188,24 +190,19 @@ class FleetPoller:
             return
         self._started = True
         for entry in self.hosts:
-            entry.host.subscribe_connection(partial(self._on_connection, entry))
-            entry.tasks.append(asyncio.create_task(self._host_loop(entry), name=f"fleet {entry.host.name}"))
+            self._unsubscribes.append(entry.host.subscribe_connection(partial(self._on_connection, entry)))
+            self._tasks.spawn(self._host_loop(entry), f"look {entry.host.name}")
 
     async def stop(self) -> None:
-        """Cancel every task and close the telemetry streams (the hosts stay open: their owner closes them)."""
-        tasks: list[asyncio.Task[None]] = []
-        for entry in self.hosts:
-            tasks.extend(entry.tasks)
-            tasks.extend(t for w in entry.watches for t in (w.follow_task, w.version_task) if t is not None)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Unsubscribe from the hosts' connection events, cancel every task (their failures were logged as they
+        ended) and close the telemetry streams (the hosts stay open: their owner closes them)."""
+        for unsubscribe in self._unsubscribes:
+            unsubscribe()
+        self._unsubscribes.clear()
+        await self._tasks.cancel_all()
         for entry in self.hosts:
             if entry.telemetry is not None:
-                with contextlib.suppress(Exception):
-                    await entry.telemetry.close()
+                await entry.telemetry.close()
         self._started = False
 
     def look_soon(self) -> None:
@@ -231,8 +228,7 @@ class FleetPoller:
                 entry.error = ""
                 if not entry.answered:
                     entry.answered = True
-                    entry.tasks.append(asyncio.create_task(self._sample_gpus(entry),
-                                                           name=f"fleet gpus {entry.host.name}"))
+                    self._tasks.spawn(self._sample_gpus(entry), f"gpus {entry.host.name}")
             self.looks += 1
             if entry.error:
                 await asyncio.sleep(retry)
@@ -267,7 +263,7 @@ class FleetPoller:
         if watch.version is None and (watch.version_task is None or watch.version_task.done()) and (
                 now - watch.version_at >= VERSION_RETRY_S):
             watch.version_at = now
-            watch.version_task = asyncio.create_task(self._discover(host, watch), name=f"fleet version {profile.name}")
+            watch.version_task = self._tasks.spawn(self._discover(host, watch), f"version {profile.name}")
         if state == ServerState.READY and now - watch.metrics_at >= self.metrics_period_s:
             watch.metrics_at = now
             await self._scrape(host, watch)
@@ -297,8 +293,8 @@ class FleetPoller:
         parser = LogParser(watch.profile.backend, ready_regex=watch.profile.ready_regex or None)
         _replay(watch, parser, window)
         watch.decode, watch.spec_accept = None, None
-        watch.follow_task = asyncio.create_task(self._follow(host, watch, path, parser, window),
-                                                name=f"fleet log {watch.profile.name}")
+        watch.follow_task = self._tasks.spawn(self._follow(host, watch, path, parser, window),
+                                              f"log {watch.profile.name}")
 
     async def _follow(self, host: Host, watch: _Watch, path: str, parser: LogParser, window: LogWindow | None) -> None:
         """Follow `path` from the end of the `window` _attach_log replayed (from its start when there was none)."""

@@ -7,13 +7,17 @@ import json
 import re
 from typing import Any
 
+from app.core.errors import TunedashError
+
 JSON_MAX_DEPTH = 32  # no server's JSON flag (speculative-config, cuda-graph-config, ...) nests past 3 or 4
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKET = re.compile(r"[\[\]{}]")
 
 
-class JsonTooDeep(ValueError):
+class JsonTooDeep(TunedashError, ValueError):
     """JSON nested deeper than the cap; the message says how deep and the cap."""
+
+    title = "JSON too deep"
 
 
 def _too_deep(depth: int, max_depth: int) -> JsonTooDeep:

@@ -16,7 +16,7 @@ import pytest
 
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
-from tests.integration.sshd import Sshd, sshd, sshd_fish, sshd_tcsh  # noqa: F401 - the fixtures
+from tests.integration.sshd import Sshd
 
 
 @pytest.fixture

@@ -33,9 +33,8 @@ from app.core.measure.probe import ProbeStatus, probe_completion, probe_loop
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import load_profile
 from app.core.server.events import LifecycleView
-from tests.helpers import serving
+from tests.helpers import REPO, serving
 
-REPO = Path(__file__).resolve().parents[2]
 GOOD = b'data: {"choices": [{"index": 0, "text": " a b"}]}\n\n'
 
 JUNK: dict[str, tuple[bytes, str]] = {

@@ -12,8 +12,8 @@ import pytest
 
 from app.core.profiles.loading import load_profile, parse_profile
 from app.core.profiles.types import ProfileError
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = 'backend = "sglang"\nmodel = "m"\nhost = "local"\n'
 
 
@@ -108,3 +108,24 @@ def test_tunedash_status_on_a_bad_file_prints_one_line_and_exits_2(tmp_path: Pat
     output = (done.stdout + done.stderr).strip()
     assert done.returncode == 2, output
     assert len(output.splitlines()) == 1 and str(path) in output and "Traceback" not in output
+
+
+def test_every_problem_of_a_file_is_named_at_once(tmp_path: Path) -> None:
+    text = (BASE + 'port = 0\ngpus = [0, "1"]\ncolour = "red"\n[env]\nX = 3\n'
+            '[flags]\ntp-szie = 2\nmem-fraction-static = "lots"\n[bench]\nrequests = 0\n')
+    message = _fails(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'p.toml'}: 7 problems:\n"), message
+    for key in ("colour: unknown key", "port: expected 1-65535, got 0", "gpus[1]: expected a GPU index",
+                "env.X: expected a string", "flags.tp-szie:", "tp-size", "flags.mem-fraction-static:",
+                "bench.requests: expected an integer >= 1"):
+        assert key in message, (key, message)
+
+
+def test_the_problems_come_as_a_list_a_ui_can_show(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(BASE + 'port = 0\nready_timeout = 0\n')
+    with pytest.raises(ProfileError) as caught:
+        load_profile(path)
+    assert caught.value.problems == ("port: expected 1-65535, got 0",
+                                     "ready_timeout: expected seconds to wait for READY (1 or more), got 0")
+    assert caught.value.title == "Bad profile"

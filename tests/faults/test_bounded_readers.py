@@ -24,8 +24,8 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import SmiTelemetry
 from tests.helpers import MakeProfile, until
 from tests.integration.conftest import tunedash
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import cli, ssh_profile  # noqa: F401 - the sim host behind the sshd
+from tests.integration.sshd import Sshd
+from tests.integration.test_ssh_cli import cli
 
 BIG = 4 * 2**30
 
@@ -124,8 +124,8 @@ async def test_attach_and_the_fleet_on_a_4_gib_log_see_ready_and_follow_new_line
 
 @pytest.mark.ssh
 @pytest.mark.slow
-def test_status_over_ssh_on_a_4_gib_log_cuts_the_window_on_the_host(sshd: Sshd, ssh_tmp: Path,  # noqa: F811
-                                                                     ssh_profile) -> None:  # noqa: F811
+def test_status_over_ssh_on_a_4_gib_log_cuts_the_window_on_the_host(sshd: Sshd, ssh_tmp: Path,
+                                                                     ssh_profile) -> None:
     """Over SSH the window is cut by head/tail on the host: a 4 GiB log would not cross the connection in any time a
     test waits, nor fit in memory."""
     home = sshd.make_home(ssh_tmp / "home")

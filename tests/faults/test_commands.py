@@ -17,9 +17,9 @@ from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.profiles.loading import load_profile
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.session import Session
+from app.core.tasks import Unsubscribe
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-from tests.helpers import MakeProfile, until
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, MakeProfile, until
 
 
 def _texts(session: Session) -> str:
@@ -75,8 +75,9 @@ class FlakyHost(InMemoryHost):
         self.drop_after_sigterm = True
         self.down = False
 
-    def subscribe_connection(self, listener: object) -> None:  # type: ignore[override]
+    def subscribe_connection(self, listener: object) -> Unsubscribe:  # type: ignore[override]
         self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener) if listener in self.listeners else None
 
     async def signal_group(self, pgid: int, signal_number: int) -> bool:
         if self.down:

@@ -22,8 +22,8 @@ from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
 from app.core.server.driver import STALE_S, DriverLock
 from app.core.session import ReadOnlyError, Session
-from tests.helpers import MakeProfile, until
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, MakeProfile, until
+from tests.integration.conftest import tunedash
 from tests.integration.test_tmux_demo import Tmux
 
 pytestmark = pytest.mark.slow

@@ -30,9 +30,9 @@ from app.core.hosts.base import Host
 from app.core.profiles.loading import load_profile, parse_profile
 from app.core.profiles.types import Profile
 from app.core.server.driver import STALE_S, DriverLock
-from tests.helpers import MakeProfile
-from tests.integration.conftest import REPO, tunedash
-from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the fixture
+from tests.helpers import REPO, MakeProfile, wait_until
+from tests.integration.conftest import tunedash
+from tests.integration.sshd import Sshd
 from tests.integration.test_tmux_demo import Tmux
 
 pytestmark = pytest.mark.slow
@@ -130,7 +130,7 @@ def ssh_state() -> Iterator[Path]:
 
 @pytest.mark.ssh
 async def test_a_client_whose_clock_runs_6_s_ahead_does_not_take_a_live_lock(
-        sshd: Sshd, ssh_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        sshd: Sshd, ssh_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two clients of one SSH host; the second one's clock is 6 s ahead (the host's clock is not touched). On one
     machine every client shares the host's clock, so this is a remote host's problem: tested over sshd."""
     from app.core.hosts.ssh import SshHost
@@ -196,46 +196,40 @@ def _claim_of(profile: Profile) -> dict[str, object] | None:
         return None
 
 
-def _wait(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def test_sigterm_of_a_holding_cli_command_gives_the_lock_back(make_profile: MakeProfile) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["TERM", "HUP"])
+def test_sigterm_of_a_holding_cli_command_gives_the_lock_back(make_profile: MakeProfile, signum: int,
+                                                             code: int) -> None:
     path = make_profile(startup_s=60)  # `launch --wait` holds the lock for a minute
     profile = load_profile(path)
     proc = subprocess.Popen([sys.executable, "-m", "app", "launch", str(path), "--wait"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: (_claim_of(profile) or {}).get("pid") == proc.pid, 30, "the launch to hold the lock")
+        wait_until(lambda: (_claim_of(profile) or {}).get("pid") == proc.pid, 30, "the launch to hold the lock")
         assert list(_drivers(profile).glob("*.beat"))
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert proc.returncode == code, err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err
     assert _claim_of(profile) is None and not list(_drivers(profile).glob("*"))  # claim and beat given back
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (CI installs it via .ci/run)")
-def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile, signum: int) -> None:
     path = make_profile(name="term")
     profile = load_profile(path)
     dashboard = Tmux("TEXTUAL_ANIMATIONS=none " + shlex.join([sys.executable, "-m", "app", "ui", str(path)]), REPO)
     try:
         dashboard.wait_for(lambda s: "term" in s and "READ-ONLY" not in s, 30, "the dashboard")
-        _wait(lambda: (_claim_of(profile) or {}).get("kind") == "dashboard", 30, "the dashboard to hold the lock")
+        wait_until(lambda: (_claim_of(profile) or {}).get("kind") == "dashboard", 30, "the dashboard to hold the lock")
         pid = int((_claim_of(profile) or {})["pid"])  # type: ignore[call-overload]
         assert str(path) in Path(f"/proc/{pid}/cmdline").read_text()  # the dashboard this test started
-        os.kill(pid, signal.SIGTERM)
-        _wait(lambda: not Path(f"/proc/{pid}").exists(), 15, "the dashboard to quit")
+        os.kill(pid, signum)
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 15, "the dashboard to quit")
         assert _claim_of(profile) is None and not list(_drivers(profile).glob("*.beat"))  # given back before it quit
     finally:
         dashboard.kill()

@@ -28,6 +28,7 @@ from app.core.profiles.schema import SIMPLE_NAME
 from app.core.profiles.types import ProfileError
 from app.core.server.jobs import JobRecord
 from app.core.telemetry.smi_parse import parse_compute_apps_csv, parse_gpu_csv
+from tests.helpers import DATA
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,7 @@ def test_smi_skipped_counts_are_exact(kinds: list[tuple[str, Any]], data: st.Dat
 
 
 # ---- the server log ------------------------------------------------------------------------------
-REAL_LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+REAL_LOGS = DATA / "logs"
 REAL_LINES = sorted({line.rstrip("\n") for path in REAL_LOGS.glob("*.log")
                      for line in path.read_text(encoding="utf-8", errors="replace").splitlines()})
 log_fragment = st.one_of(

@@ -15,7 +15,7 @@ import pytest
 from app.core.data import LOG_LINE_CUT, LOG_LINE_MAX, FatalEvent
 from app.core.hosts.local import LocalHost
 from app.core.logs.parser import LogParser, parse_lines, read_log_lines
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
+from tests.integration.sshd import Sshd
 
 HUGE = 50 * 1024 * 1024
 FIRST = "[2026-01-01 00:00:00] starting the server"
@@ -85,7 +85,7 @@ async def test_a_command_printing_a_line_over_64_kib_does_not_hang_the_stream(tm
 
 
 @pytest.mark.ssh
-async def test_follow_over_ssh_cuts_the_line_as_locally(sshd: Sshd, ssh_tmp: Path) -> None:  # noqa: F811
+async def test_follow_over_ssh_cuts_the_line_as_locally(sshd: Sshd, ssh_tmp: Path) -> None:
     """SshHost.follow (`tail -F` over the channel) handed a long line on in pieces of asyncssh's receive window
     (~2 MiB: 4 "lines" of x for this 6 MiB one); it is cut at 64 KiB like LocalHost.follow's, and the line
     after it comes through whole."""
@@ -107,7 +107,7 @@ async def test_follow_over_ssh_cuts_the_line_as_locally(sshd: Sshd, ssh_tmp: Pat
 
 
 @pytest.mark.ssh
-async def test_a_stream_over_ssh_cuts_a_long_line_in_stdout_and_stderr(sshd: Sshd) -> None:  # noqa: F811
+async def test_a_stream_over_ssh_cuts_a_long_line_in_stdout_and_stderr(sshd: Sshd) -> None:
     from app.core.hosts.ssh import SshHost
 
     script = "head -c 3000000 /dev/zero | tr '\\0' a; echo; echo after; head -c 100000 /dev/zero | tr '\\0' b >&2"

@@ -17,8 +17,8 @@ from app.cli.fleet import fleet_profiles
 from app.core.flags.values import FlagError, lookup_flag, parse_value
 from app.core.profiles.loading import apply_overrides, load_profile, resolve_profile
 from app.core.profiles.types import ProfileError
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DEEP = '{"a":' * 5000 + "1" + "}" * 5000  # far past Python's recursion limit
 DEEP_ARRAY = "[" * 5000 + "]" * 5000
 JSON_FLAG = "cuda-graph-config"  # an SGLang JSON flag

@@ -36,8 +36,8 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.freecheck import FreeVerdict
 from app.core.telemetry.smi import SmiTelemetry
-from tests.helpers import kill_launched
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, kill_launched
+from tests.integration.conftest import tunedash
 
 FOREIGN_SIGNALS: list[tuple[int, int]] = []  # every signal any scenario sent to a process it did not start
 

@@ -4,7 +4,6 @@ header's "probe on" into "probe failing (N)" and puts one line in the event log;
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from aiohttp import web
 
@@ -14,9 +13,7 @@ from app.core.profiles.loading import load_profile
 from app.core.session import Session
 from app.tui.views import probe_note
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-from tests.helpers import serving, until
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, serving, until
 
 
 class ForwardingHost(InMemoryHost):

@@ -36,8 +36,8 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
 from app.core.telemetry.smi import SmiTelemetry
-from tests.integration.conftest import REPO
-from tests.integration.sshd import Sshd, sshd  # noqa: F401 - the fixture
+from tests.helpers import REPO
+from tests.integration.sshd import Sshd
 
 SERVER = "import time; print('up', flush=True); time.sleep(300)"  # a custom server: ready at once, runs 5 min
 
@@ -223,7 +223,7 @@ def ssh_state() -> Iterator[Path]:
 
 
 @pytest.mark.ssh
-async def test_a_partial_write_through_sshd_keeps_the_record(sshd: Sshd, ssh_state: Path, tmp_path: Path) -> None:  # noqa: F811
+async def test_a_partial_write_through_sshd_keeps_the_record(sshd: Sshd, ssh_state: Path, tmp_path: Path) -> None:
     from app.core.hosts.ssh import SshHost
 
     class ClosesEarly(SshHost):

@@ -23,8 +23,8 @@ import pytest
 
 from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.hosts.ssh import SshHost
-from tests.integration.sshd import Sshd, running_sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import cli, ssh_profile  # noqa: F401 - fixture
+from tests.integration.sshd import Sshd, running_sshd
+from tests.integration.test_ssh_cli import cli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -68,13 +68,13 @@ def fingerprint(server: Sshd) -> str:
 
 
 @pytest.fixture
-def home(sshd: Sshd, ssh_tmp: Path) -> Path:  # noqa: F811
+def home(sshd: Sshd, ssh_tmp: Path) -> Path:
     """A HOME with the client key in ~/.ssh and no known_hosts."""
     return sshd.make_home(ssh_tmp / "home", trusted=False)
 
 
 def test_alias_with_hostname_and_port_is_shown_trusted_and_used(
-    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]  # noqa: F811
+    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]
 ) -> None:
     known = home / "team" / "known_hosts"
     known.parent.mkdir()
@@ -101,7 +101,7 @@ def test_alias_with_hostname_and_port_is_shown_trusted_and_used(
 
 
 def test_user_known_hosts_file_none_still_refuses_an_unknown_key(
-    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]  # noqa: F811
+    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]
 ) -> None:
     write_config(home, host_block(ALIAS, sshd, home / ".ssh" / "id_ed25519", "none",
                                   "GlobalKnownHostsFile none", "StrictHostKeyChecking no"))
@@ -122,7 +122,7 @@ def test_user_known_hosts_file_none_still_refuses_an_unknown_key(
 
 
 def test_changed_key_in_a_configured_file_is_refused_naming_file_and_line(
-    sshd: Sshd, home: Path, ssh_tmp: Path, ssh_profile: Callable[..., Path]  # noqa: F811
+    sshd: Sshd, home: Path, ssh_tmp: Path, ssh_profile: Callable[..., Path]
 ) -> None:
     known = home / "team" / "known_hosts"
     known.parent.mkdir()
@@ -160,7 +160,7 @@ def ssh_agent(folder: Path) -> Iterator[str]:
 
 
 async def test_forward_agent_and_request_tty_in_the_config_are_not_honoured(
-    sshd: Sshd, home: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    sshd: Sshd, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     known = home / ".ssh" / "known_hosts"
     known.write_text(sshd.host_line + "\n")
@@ -179,7 +179,7 @@ async def test_forward_agent_and_request_tty_in_the_config_are_not_honoured(
 
 
 def test_proxy_jump_through_a_second_sshd_for_trust_and_connect(
-    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]  # noqa: F811
+    sshd: Sshd, home: Path, ssh_profile: Callable[..., Path]
 ) -> None:
     known = home / ".ssh" / "known_hosts"
     with running_sshd(log_level="VERBOSE") as jump:
@@ -210,7 +210,7 @@ def test_proxy_jump_through_a_second_sshd_for_trust_and_connect(
         assert jump.log.count("Accepted publickey") > logins_before  # it went through the jump host
 
 
-async def test_a_refused_login_on_reconnect_stops_retrying(ssh_tmp: Path) -> None:  # noqa: F811
+async def test_a_refused_login_on_reconnect_stops_retrying(ssh_tmp: Path) -> None:
     with running_sshd(log_level="VERBOSE") as server:
         host = SshHost(server.spec, options=server.options(), backoff_s=(0.2, 0.5))
         seen: list[ConnectionChanged] = []

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def tunedash(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

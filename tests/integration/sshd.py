@@ -3,8 +3,8 @@
 One sshd per test session: throwaway host and user keys, a free port, `-f /dev/null` with -o options,
 UsePAM=no, StrictModes=no. As root it logs in a non-root user `tdtest` (created with useradd, password set to
 '*' so sshd does not call it locked) and lets that user traverse to this venv's python; as another user it
-logs in that same user. Skipped when /usr/sbin/sshd is absent. Import the fixtures into a test module:
-`from tests.integration.sshd import sshd, ssh_tmp  # noqa: F401`. `running_sshd()` starts another one (a jump
+logs in that same user. Skipped when /usr/sbin/sshd is absent. The fixtures (`sshd`, `sshd_fish`, `sshd_tcsh`,
+`ssh_tmp`, `ssh_profile`) live in tests/conftest.py. `running_sshd()` starts another one (a jump
 host, or a server a test may break), with its own keys and port; `sshd_fish` and `sshd_tcsh` log in users
 `tdtest-fish` and `tdtest-tcsh` whose login shells are fish and tcsh (root only).
 """
@@ -186,16 +186,8 @@ def running_sshd(log_level: str = "ERROR", login_shell: str | None = None) -> It
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Iterator[Sshd]:
-    """One sshd for the test session (skips when OpenSSH's server is not installed)."""
-    if not sshd_available():
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
-    with running_sshd() as server:
-        yield server
-
-
-def _login_shell_sshd(shell: str) -> Iterator[Sshd]:
+def login_shell_sshd(shell: str) -> Iterator[Sshd]:
+    """An sshd whose test user has `shell` as its login shell (skips without root or the shell)."""
     if not sshd_available():
         pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
     if os.geteuid() != 0:
@@ -206,22 +198,9 @@ def _login_shell_sshd(shell: str) -> Iterator[Sshd]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def sshd_fish() -> Iterator[Sshd]:
-    """An sshd whose user `tdtest-fish` has fish as its login shell (it parses quotes unlike POSIX shells)."""
-    yield from _login_shell_sshd("/usr/bin/fish")
-
-
-@pytest.fixture(scope="session")
-def sshd_tcsh() -> Iterator[Sshd]:
-    """An sshd whose user `tdtest-tcsh` has tcsh, a csh, as its login shell."""
-    yield from _login_shell_sshd("/usr/bin/tcsh")
-
-
-@pytest.fixture
-def ssh_tmp() -> Iterator[Path]:
-    """A scratch folder both this process and the SSH test user can read and write."""
-    folder = Path(tempfile.mkdtemp(prefix="tunedash-ssh-"))
+def open_to_all(folder: Path) -> None:
+    """Make `folder` and everything in it readable and writable by the SSH test user too."""
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            Path(root, name).chmod(0o777)
     folder.chmod(0o777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)

@@ -19,7 +19,7 @@ from app.core.adopt.profile_text import build_profile
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from tests.adopt_helpers import server_for
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 from tests.integration.test_sglang_real import sglang_python
 
 pytestmark = pytest.mark.slow

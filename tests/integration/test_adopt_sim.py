@@ -23,8 +23,8 @@ import pytest
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from app.sim.host_env import sim_environment
-from tests.helpers import GroupReaper, MakeProfile, free_port, sim_profile_text
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, GroupReaper, MakeProfile, free_port, sim_profile_text
+from tests.integration.conftest import tunedash
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,6 @@ def shared_folder() -> Iterator[Path]:
 @needs_root
 def test_another_users_server_is_listed_with_its_user_and_never_signalled(shared_folder: Path) -> None:
     from tests.integration.sshd import TEST_USER, _prepare_user
-
     _prepare_user()
     package = shared_folder / "sglang"
     package.mkdir()
@@ -221,7 +220,6 @@ def test_unreadable_environ_read_by_another_user(by_hand: HandStarted, shared_fo
     """Run as the second user, adopt sees a root server: listed with its user, its environment unreadable, and
     a profile written all the same, saying so."""
     from tests.integration.sshd import TEST_USER, _prepare_user
-
     _prepare_user()
     proc, argv = by_hand.sim()
 

@@ -20,13 +20,13 @@ from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from app.sim.host_env import reset_state, sim_environment
 from tests.helpers import free_port
-from tests.integration.sshd import TEST_USER, Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import cli, open_to_all
+from tests.integration.sshd import TEST_USER, Sshd, open_to_all
+from tests.integration.test_ssh_cli import cli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
-def test_sim_started_by_hand_found_and_written_over_ssh(sshd: Sshd, ssh_tmp: Path) -> None:  # noqa: F811
+def test_sim_started_by_hand_found_and_written_over_ssh(sshd: Sshd, ssh_tmp: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the server is started as the SSH user with runuser (root only)")
     state = ssh_tmp / "sim"

@@ -17,8 +17,8 @@ import pytest
 
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
-from tests.helpers import free_port
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, free_port
+from tests.integration.conftest import tunedash
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.core.measure.store import DATA_DIR_ENV
-from tests.helpers import MakeProfile
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, MakeProfile
 
 pytestmark = pytest.mark.slow
 

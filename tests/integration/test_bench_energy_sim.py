@@ -14,8 +14,7 @@ import pytest
 
 from app.core.measure.store import DATA_DIR_ENV
 from app.sim import gpu_state
-from tests.helpers import MakeProfile
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, MakeProfile
 
 pytestmark = pytest.mark.slow
 

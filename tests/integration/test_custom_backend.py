@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.helpers import free_port, kill_launched
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, free_port, kill_launched
+from tests.integration.conftest import tunedash
 
 WriteProfile = Callable[..., Path]
 

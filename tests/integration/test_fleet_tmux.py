@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MakeProfile, free_port
-from tests.integration.conftest import REPO
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import cli, ssh_profile  # noqa: F401 - the remote profile fixture
+from tests.helpers import REPO, MakeProfile, free_port
+from tests.integration.sshd import Sshd
+from tests.integration.test_ssh_cli import cli
 from tests.integration.test_tmux_demo import Tmux
 
 pytestmark = [
@@ -31,7 +30,7 @@ def row_of(screen: str, server: str) -> str:
 
 
 @pytest.fixture
-def fleet(sshd: Sshd, ssh_tmp: Path, ssh_profile, make_profile: MakeProfile,  # noqa: F811
+def fleet(sshd: Sshd, ssh_tmp: Path, ssh_profile, make_profile: MakeProfile,
           tmp_path: Path) -> Iterator[tuple[Tmux, Path]]:
     home = sshd.make_home(ssh_tmp / "home")
     remote = ssh_profile(name="remote")

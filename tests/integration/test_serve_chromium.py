@@ -32,8 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import MakeProfile, free_port
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, MakeProfile, free_port, wait_until
 from tests.web_page import SCREEN_JS, TERMINAL_HOOK
 
 CHROMIUM = shutil.which("chromium")
@@ -120,16 +119,6 @@ class Serving:
     port: int
     profile: Path
     env: dict[str, str]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, detail: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}{detail()}")
 
 
 @pytest.fixture

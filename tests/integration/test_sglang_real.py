@@ -24,7 +24,7 @@ import pytest
 
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

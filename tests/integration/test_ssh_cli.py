@@ -4,61 +4,19 @@ re-attaches), relaunch, kill, confirm free; flag values reach the server verbati
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from app.cli.main import main as cli_main
-from app.sim.host_env import reset_state
-from tests.helpers import free_port
-from tests.integration.conftest import REPO
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
+from tests.helpers import REPO
+from tests.integration.sshd import Sshd
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 EVIL = "x; rm -rf ~ $(touch {marker}) `touch {marker}`"
-
-
-def open_to_all(folder: Path) -> None:
-    for root, dirs, files in os.walk(folder):
-        for name in [*dirs, *files]:
-            Path(root, name).chmod(0o777)
-    folder.chmod(0o777)
-
-
-@pytest.fixture
-def ssh_profile(sshd: Sshd, ssh_tmp: Path) -> Iterator[Callable[..., Path]]:  # noqa: F811
-    """A demo-like profile whose host is ssh://tdtest@127.0.0.1:PORT and whose sim state the test user can use."""
-    state = ssh_tmp / "sim"
-    reset_state(state)
-    open_to_all(state)
-
-    def make(name: str = "remote", steps: int = 1, host: str | None = None) -> Path:
-        """The profile file; `host` (default: the sshd's ssh:// URL) may be an ~/.ssh/config alias."""
-        path = ssh_tmp / f"{name}.toml"
-        path.write_text(
-            f'name = "{name}"\nhost = "{host or sshd.spec}"\nbackend = "sglang"\nmodel = "sim/qwen3.6-27b"\n'
-            f'python = "{sys.executable}"\nmodule = "app.sim.sglang"\n'
-            f'port = {free_port()}\ngpus = [0, 1]\nsim_state = "{state}"\n'
-            'env = { TUNEDASH_SIM_STARTUP_S = "0.5" }\n'
-            "[flags]\ntp-size = 2\nmem-fraction-static = 0.88\nspeculative-algorithm = \"NEXTN\"\n"
-            f"speculative-num-steps = {steps}\nspeculative-eagle-topk = 1\n"
-            f"speculative-num-draft-tokens = {steps + 1}\ndecode-log-interval = 40\n"
-        )
-        return path
-
-    yield make
-    for record in (state / "host" / "jobs").glob("*.json"):
-        import json
-
-        try:
-            os.killpg(json.loads(record.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError, KeyError):
-            pass
 
 
 def cli(home: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -74,7 +32,7 @@ def server_pid(state_out: str) -> int:
     return int(line.split(":")[1])
 
 
-def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:
     home = sshd.make_home(ssh_tmp / "home")
     profile = str(ssh_profile())
     marker = ssh_tmp / "pwned"
@@ -116,7 +74,7 @@ def test_launch_ready_reattach_relaunch_kill_free_over_ssh(sshd: Sshd, ssh_tmp: 
     assert gpus.returncode == 0 and '"memory_used_mib": 0' in gpus.stdout
 
 
-def test_remote_misuse_is_refused_in_words(sshd: Sshd, ssh_profile, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_remote_misuse_is_refused_in_words(sshd: Sshd, ssh_profile, capsys: pytest.CaptureFixture[str]) -> None:
     """No connection needed: libnvidia-ml reads this machine only; `ui ssh://...` names a host, not a profile."""
     assert cli_main(["gpus", str(ssh_profile()), "--source", "nvml"]) == 2
     assert "use --source smi" in capsys.readouterr().err
@@ -124,7 +82,7 @@ def test_remote_misuse_is_refused_in_words(sshd: Sshd, ssh_profile, capsys: pyte
     assert "is a host, not a profile" in capsys.readouterr().err
 
 
-def test_unknown_key_is_refused_until_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+def test_unknown_key_is_refused_until_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:
     home = sshd.make_home(ssh_tmp / "home", trusted=False)
     profile = str(ssh_profile())
     refused = cli(home, "status", profile)
@@ -142,7 +100,7 @@ def test_unknown_key_is_refused_until_trusted(sshd: Sshd, ssh_tmp: Path, ssh_pro
     assert cli(home, "status", profile).returncode == 0
 
 
-def test_changed_key_is_refused_and_never_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:  # noqa: F811
+def test_changed_key_is_refused_and_never_trusted(sshd: Sshd, ssh_tmp: Path, ssh_profile) -> None:
     home = sshd.make_home(ssh_tmp / "home", trusted=False)
     other = ssh_tmp / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)

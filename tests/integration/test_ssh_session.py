@@ -5,8 +5,6 @@ left behind on the host), and who drives (read-only for a second person, take-ov
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,8 @@ from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, StateChanged
 from app.core.session import Session
 from app.sim.host_env import sim_environment
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import ssh_profile  # noqa: F401 - fixture
+from tests.helpers import until
+from tests.integration.sshd import Sshd
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -29,13 +27,6 @@ def make_host(profile: Profile, server: Sshd) -> SshHost:
     state = Path(str(profile.sim_state))
     return SshHost(profile.host, extra_env=sim_environment(state), state_dir=str(state / "host"),
                    options=server.options(), backoff_s=(0.3, 2.0))
-
-
-async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 def cmdlines_with(text: str, env_text: str = "") -> list[int]:
@@ -64,7 +55,7 @@ def texts(session: Session) -> str:
     return "\n".join(event.text for event in session.events)
 
 
-async def test_reattach_recover_and_take_over(sshd: Sshd, ssh_profile) -> None:  # noqa: F811
+async def test_reattach_recover_and_take_over(sshd: Sshd, ssh_profile) -> None:
     profile = resolve_profile(str(ssh_profile(name="remote-session")))
     first_host = make_host(profile, sshd)
     first = Session(first_host, profile, sample_period_ms=200)

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MakeProfile
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, MakeProfile
 
 pytestmark = [
     pytest.mark.slow,

@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.helpers import free_port
-from tests.integration.conftest import REPO
+from tests.helpers import REPO, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

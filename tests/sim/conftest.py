@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,14 +34,3 @@ def reaper() -> Iterator[GroupReaper]:
     r = GroupReaper()
     yield r
     r.kill_all()
-
-
-def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Poll `predicate()` until it is truthy or `timeout` passes."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

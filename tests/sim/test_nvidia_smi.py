@@ -11,8 +11,9 @@ import pytest
 
 from app.sim import gpu_state
 from app.sim.host_env import set_faults
+from tests.helpers import GroupReaper, wait_until
 
-from .conftest import GroupReaper, smi, wait_for
+from .conftest import smi
 
 BRACKETED = re.compile(r"^\[.*\]$")
 
@@ -162,8 +163,9 @@ def test_release_waits_for_death_plus_delay(sim_env: dict[str, str], sim_state: 
     first = smi(sim_env, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "0")
     if time.time() < t_dead + 0.3:
         assert first.stdout == "0, 4000\n"  # still within the release delay
-    assert wait_for(
-        lambda: smi(sim_env, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0").stdout == "0\n"
+    wait_until(
+        lambda: smi(sim_env, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0").stdout == "0\n",
+        10, "GPU 0 to read 0 MiB used"
     )
     [entry] = gpu_state.released_log(sim_state)
     assert entry["pid"] == proc.pid

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from app.sim import gpu_state
-from tests.helpers import free_port
+from tests.helpers import GroupReaper, free_port, wait_until
 
-from .conftest import GroupReaper, smi, wait_for
+from .conftest import smi
 
 READY = "The server is fired up and ready to roll!"
 # Regexes for the lines of docs/servers.md#sglang-log-lines (what app/core/logs/parser.py parses).
@@ -64,7 +64,8 @@ class Server:
         return self.log.read_text()
 
     def wait_ready(self, timeout: float = 15) -> None:
-        assert wait_for(lambda: READY in self.text() or self.proc.poll() is not None, timeout), self.text()
+        wait_until(lambda: READY in self.text() or self.proc.poll() is not None, timeout, "READY or an exit",
+                   self.text)
         assert READY in self.text(), self.text()
 
     def get(self, path: str) -> tuple[int, bytes]:
@@ -137,7 +138,7 @@ def test_startup_logs_ready_stream_and_group_kill(sim_env: dict[str, str], tmp_p
     assert chunks[-1]["usage"]["completion_tokens"] == 40
     texts = [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["text"]]
     assert len(texts) < 40  # speculative decoding sends several tokens per chunk
-    assert wait_for(lambda: DECODE.search(srv.text()) is not None, 5)
+    wait_until(lambda: DECODE.search(srv.text()) is not None, 5, "a decode line")
     decode = DECODE.search(srv.text())
     assert decode is not None and "accept len: " in decode.group(0)
     info = json.loads(srv.get("/get_server_info")[1])
@@ -147,7 +148,7 @@ def test_startup_logs_ready_stream_and_group_kill(sim_env: dict[str, str], tmp_p
 
     os.killpg(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait()
-    assert wait_for(lambda: mem_used(sim_env) == [0, 0], 5)
+    wait_until(lambda: mem_used(sim_env) == [0, 0], 5, "both GPUs free")
     assert smi(sim_env, "--query-compute-apps=pid", "--format=csv,noheader").stdout == ""
 
 
@@ -174,8 +175,9 @@ def test_sigterm_drains_then_exits_with_children(sim_env: dict[str, str], tmp_pa
     os.killpg(srv.proc.pid, signal.SIGTERM)
     assert srv.proc.wait(timeout=10) == 0
     assert "SIGTERM received. signum=None frame=None. Draining requests and shutting down..." in srv.text()
-    assert wait_for(lambda: not [p for p in pids if Path(f"/proc/{p}").exists() and gpu_state.process_start_time(p)])
-    assert wait_for(lambda: mem_used(sim_env) == [0, 0], 5)
+    wait_until(lambda: not [p for p in pids if Path(f"/proc/{p}").exists() and gpu_state.process_start_time(p)],
+               10, "the ranks to exit")
+    wait_until(lambda: mem_used(sim_env) == [0, 0], 5, "both GPUs free")
 
 
 def test_sigkill_of_main_alone_orphans_ranks(sim_env: dict[str, str], tmp_path: Path, reaper: GroupReaper) -> None:
@@ -188,7 +190,7 @@ def test_sigkill_of_main_alone_orphans_ranks(sim_env: dict[str, str], tmp_path: 
     assert mem_used(sim_env) == held
     assert len(children(srv.proc.pid)) == 3  # 2 schedulers + detokenizer, reparented, same group
     os.killpg(srv.proc.pid, signal.SIGKILL)
-    assert wait_for(lambda: mem_used(sim_env) == [0, 0], 5)
+    wait_until(lambda: mem_used(sim_env) == [0, 0], 5, "both GPUs free")
     released = gpu_state.released_log(Path(sim_env["TUNEDASH_SIM_STATE"]))
     assert released and all(r["released_at"] >= r["dead_since"] + 0.3 - 1e-6 for r in released)
 
@@ -201,7 +203,7 @@ def test_fault_crash_loading(sim_env: dict[str, str], tmp_path: Path, reaper: Gr
     assert "Scheduler hit an exception: Traceback (most recent call last):" in text
     assert "Received sigquit from a child process. It usually means the child failed." in text
     assert READY not in text
-    assert wait_for(lambda: mem_used(sim_env) == [0, 0], 5)
+    wait_until(lambda: mem_used(sim_env) == [0, 0], 5, "both GPUs free")
 
 
 def test_fault_oom_capture(sim_env: dict[str, str], tmp_path: Path, reaper: GroupReaper) -> None:
@@ -240,7 +242,7 @@ def test_port_in_use(sim_env: dict[str, str], tmp_path: Path, reaper: GroupReape
     text = log.read_text()
     assert f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): " \
            "address already in use" in text
-    assert wait_for(lambda: mem_used(sim_env) == [0, 0], 5)
+    wait_until(lambda: mem_used(sim_env) == [0, 0], 5, "both GPUs free")
 
 
 def test_unknown_flag_and_unknown_model(sim_env: dict[str, str]) -> None:

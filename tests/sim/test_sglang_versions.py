@@ -26,11 +26,10 @@ from app.sim.server_args import load_models, parse, resolve
 from app.sim.sglang import speed_config
 from app.sim.speed import SpeedModel, load_params
 from app.sim.versions import VERSION_ENV, VERSIONS, data_files, flag_table
+from tests.helpers import REPO, GroupReaper, wait_until
 
-from .conftest import GroupReaper, wait_for
 from .test_sglang_server import Server
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE_0523 = REPO / "tests" / "data" / "logs" / "sglang_0523_startup.log"
 DEMO = load_models()["sim/qwen3.6-27b"]
 # The flag that keeps the prefill-side graph on where SGLang would turn it off (the `g` key), per release.
@@ -177,7 +176,7 @@ def test_0523_server_lines_info_and_capture_phases(sim_env: dict[str, str], tmp_
     assert info["disable_overlap_schedule"] is False and info["speculative_num_steps"] == 3
     assert info["mamba_radix_cache_strategy"] == "extra_buffer" and "mamba_scheduler_strategy" not in info
     srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 60})
-    assert wait_for(lambda: "Decode batch" in srv.text(), 5)
+    wait_until(lambda: "Decode batch" in srv.text(), 5, "a decode line")
 
     # The sim's lines have the shapes of the fixture rendered from 0.5.23's own format strings.
     known = {shape(m) for m in messages(FIXTURE_0523)}

@@ -16,8 +16,9 @@ from app.sim.server_args import load_models
 from app.sim.sglang import SEED_PHASES, phase_seconds
 from app.sim.versions import VERSION_ENV
 from app.sim.weight_cache import sim_tmp
+from tests.helpers import wait_until
 
-from .conftest import GroupReaper, smi, wait_for
+from .conftest import GroupReaper, smi
 from .test_sglang_server import Server, free_port
 
 MODEL = load_models()["sim/qwen3.6-27b"]
@@ -43,8 +44,8 @@ class Daemon:
         return self.log.read_text()
 
     def wait_ready(self, timeout: float = 20) -> None:
-        assert wait_for(lambda: "weight cache daemons on node 0 are ready" in self.text()
-                        or self.proc.poll() is not None, timeout), self.text()
+        wait_until(lambda: "weight cache daemons on node 0 are ready" in self.text() or self.proc.poll() is not None,
+                   timeout, "the daemons' ready line", self.text)
         assert self.proc.poll() is None, self.text()
 
     def pids(self) -> list[int]:
@@ -143,7 +144,7 @@ def test_the_engine_exits_when_its_daemon_dies(env: dict[str, str], tmp_path: Pa
     text = srv.text()
     assert "died while this engine holds its weights via CUDA IPC" in text
     assert re.search(r"Subprocess scheduler_\d \(pid=\d+\) crashed with exit code -9\. Triggering SIGQUIT", text)
-    assert wait_for(lambda: not [a for a in apps(env)], 10), apps(env)
+    wait_until(lambda: not apps(env), 10, "the GPUs without processes", lambda: str(apps(env)))
 
 
 def test_weight_cache_with_speculation_is_refused_as_0523_does(env: dict[str, str]) -> None:

@@ -13,7 +13,6 @@ import time as _time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,13 +38,14 @@ from app.core.server.events import ActionLogged, LifecycleView
 from app.core.server.jobs import JobRecord
 from app.core.session import Session
 from app.tui.app import TunedashApp
+from tests.helpers import REPO
 from widgets import ThroughputChart
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
 
 WALL = 1_750_000_000.0  # the frozen time.time()
 MONO = 5_000.0  # the frozen time.monotonic()
-DEMO = Path(__file__).resolve().parents[2] / "profiles" / "demo.toml"
+DEMO = REPO / "profiles" / "demo.toml"
 
 
 class FrozenClock:

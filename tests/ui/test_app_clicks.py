@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from app.core.profiles.types import Profile
 from app.tui.app import create_app
-from tests.ui.test_app_flows import SIZE, pending_of, profile, until  # noqa: F401 - fixture
+from tests.ui.test_app_flows import SIZE, pending_of, until
 from widgets import FlagsPanel, GpuPanel
 from widgets.flags_panel import FlagRow
 
 
-async def test_clicking_a_flag_row_does_what_its_key_does(profile: Profile) -> None:  # noqa: F811
+async def test_clicking_a_flag_row_does_what_its_key_does(profile: Profile) -> None:
     app = create_app(profile, keymap_file=None)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: any(r.region.height for r in app.query(FlagRow)), what="the flag rows on screen")
@@ -29,7 +29,7 @@ async def test_clicking_a_flag_row_does_what_its_key_does(profile: Profile) -> N
         assert row.has_class("-pending")
 
 
-async def test_clicking_a_gpu_row_selects_it(profile: Profile) -> None:  # noqa: F811
+async def test_clicking_a_gpu_row_selects_it(profile: Profile) -> None:
     app = create_app(profile, keymap_file=None)
     async with app.run_test(size=SIZE) as pilot:
         panel = app.query_one(GpuPanel)

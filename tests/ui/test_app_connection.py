@@ -14,10 +14,11 @@ from app.core.hosts.local import LocalHost
 from app.core.profiles.loading import load_profile
 from app.core.profiles.types import Profile
 from app.core.session import Session
+from app.core.tasks import Listeners, Unsubscribe
 from app.sim.host_env import reset_state, sim_environment
 from app.tui.app import NO_GPUS, create_app
 from tests.helpers import free_port
-from tests.ui.test_app_flows import SIZE, profile, screen_text, shows, until  # noqa: F401 - fixture
+from tests.ui.test_app_flows import SIZE, screen_text, shows, until
 
 
 class FlakyHost(LocalHost):
@@ -27,22 +28,20 @@ class FlakyHost(LocalHost):
     def __init__(self, sim_profile: Profile) -> None:
         env = sim_environment(Path(sim_profile.sim_state) if sim_profile.sim_state else None)
         super().__init__("gpu-box", extra_env=env, state_dir=str(Path(env["TUNEDASH_SIM_STATE"]) / "host"))
-        self.listeners: list[Callable[[ConnectionChanged], None]] = []
+        self.listeners: Listeners[ConnectionChanged] = Listeners("gpu-box")
 
-    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:
-        self.listeners.append(listener)
+    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> Unsubscribe:
+        return self.listeners.subscribe(listener)
 
     def emit(self, state: ConnectionState, detail: str, since: float | None = None) -> None:
-        event = ConnectionChanged(self.name, state, detail, time.time(), since)
-        for listener in list(self.listeners):
-            listener(event)
+        self.listeners.emit(ConnectionChanged(self.name, state, detail, time.time(), since))
 
 
 def toast_titles(app: object) -> list[str]:
     return [str(n.title) for n in app._notifications]  # type: ignore[attr-defined]
 
 
-async def test_connection_changes_toast_and_show_in_the_header(profile: Profile) -> None:  # noqa: F811
+async def test_connection_changes_toast_and_show_in_the_header(profile: Profile) -> None:
     host = FlakyHost(profile)
     app = create_app(profile, host=host, keymap_file=None)
     async with app.run_test(size=SIZE, notifications=True) as pilot:

@@ -12,30 +12,20 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
 from app.core.data import ServerState
-from app.core.profiles.loading import load_profile
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, StateChanged
 from app.tui.app import TunedashApp, create_app
 from app.tui.value_prompt import ValuePrompt
-from tests.helpers import MakeProfile
 from tests.helpers import pilot_until as until
 from widgets import ConfirmModal, DiffScreen, FlagsPanel, HelpScreen, LogViewScreen
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")
 
 SIZE = (120, 40)
-
-
-@pytest.fixture
-def profile(make_profile: MakeProfile) -> Profile:
-    """A demo-like profile on a private sim state folder and a free port, with a 0.3 s simulated startup
-    (whatever it launched is killed by `make_profile` afterwards)."""
-    return load_profile(make_profile(startup_s=0.3))
 
 
 CELL_PX = 12.2  # the width of one terminal cell in Textual's SVG screenshots

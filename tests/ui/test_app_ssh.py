@@ -25,8 +25,7 @@ from app.core.data import ServerState
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.types import Profile
 from app.tui.app import TunedashApp, create_app
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
-from tests.integration.test_ssh_cli import ssh_profile  # noqa: F401 - fixture
+from tests.integration.sshd import Sshd
 from tests.integration.test_ssh_session import cmdlines_with
 from tests.ui.test_app_flows import SIZE, event_texts, pending_of, shows, state_of, until
 from widgets import ConfirmModal, GpuPanel
@@ -37,9 +36,9 @@ pytestmark = pytest.mark.ssh  # not slow: each test under 20 s (the flow about 1
 
 @pytest.fixture
 def remote(
-    sshd: Sshd,  # noqa: F811
-    ssh_tmp: Path,  # noqa: F811
-    ssh_profile: Callable[..., Path],  # noqa: F811
+    sshd: Sshd,
+    ssh_tmp: Path,
+    ssh_profile: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> Profile:
     """The SSH profile, with HOME holding the client key and a known_hosts that trusts this sshd."""
@@ -160,9 +159,9 @@ async def test_dashboard_over_ssh_launch_probe_relaunch_reattach_kill(remote: Pr
 
 
 async def test_dashboard_asks_about_an_unknown_host_key(
-    sshd: Sshd,  # noqa: F811
-    ssh_tmp: Path,  # noqa: F811
-    ssh_profile: Callable[..., Path],  # noqa: F811
+    sshd: Sshd,
+    ssh_tmp: Path,
+    ssh_profile: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home = sshd.make_home(ssh_tmp / "home", trusted=False)
@@ -189,9 +188,9 @@ async def test_dashboard_asks_about_an_unknown_host_key(
 
 
 async def test_a_declined_host_key_is_not_asked_again(
-    sshd: Sshd,  # noqa: F811
-    ssh_tmp: Path,  # noqa: F811
-    ssh_profile: Callable[..., Path],  # noqa: F811
+    sshd: Sshd,
+    ssh_tmp: Path,
+    ssh_profile: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home = sshd.make_home(ssh_tmp / "home", trusted=False)
@@ -218,9 +217,9 @@ async def test_a_declined_host_key_is_not_asked_again(
 
 @pytest.mark.parametrize("readonly", [True, False], ids=["readonly", "watch"])
 async def test_a_watching_dashboard_never_answers_an_unknown_host_key(
-    sshd: Sshd,  # noqa: F811
-    ssh_tmp: Path,  # noqa: F811
-    ssh_profile: Callable[..., Path],  # noqa: F811
+    sshd: Sshd,
+    ssh_tmp: Path,
+    ssh_profile: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
     readonly: bool,
 ) -> None:
@@ -245,7 +244,7 @@ async def test_a_watching_dashboard_never_answers_an_unknown_host_key(
     assert not (home / ".ssh" / "known_hosts").exists()
 
 
-async def test_connection_loss_shows_each_gpu_row_stale_with_its_age(remote: Profile, sshd: Sshd) -> None:  # noqa: F811
+async def test_connection_loss_shows_each_gpu_row_stale_with_its_age(remote: Profile, sshd: Sshd) -> None:
     app = create_app(remote, keymap_file=None)
     try:
         async with app.run_test(size=SIZE) as pilot:

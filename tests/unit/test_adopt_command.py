@@ -14,7 +14,7 @@ from app.core.adopt.profile_text import build_profile
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from tests.adopt_helpers import server_for
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 VENV_PY = "/srv/venv/bin/python"
 SEED = REPO / "profiles" / "qwen3.6-27b-2xa6000.toml"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.advisor.history import best_reference, diff_findings
-from app.core.measure.experiment import result_json
+from app.core.measure.experiment import ArmData, result_json
 from app.core.measure.store import HistoryStore
 
 SHAPE: dict[str, Any] = {"requests": 6, "concurrency": 2, "input_len": 32, "max_tokens": 48, "warmup": 1,
@@ -35,8 +35,8 @@ def test_best_arm_at_the_same_shape_and_measured_effects_first(tmp_path: Path) -
                              params={"bench": SHAPE, "trials": 3},
                              arms=[("A", "", ONE), ("B", "decode-log-interval=10", {**ONE, "decode-log-interval": 10})])
         store.finish_run(ab, "done", summary=result_json("done", [  # two launches of two trials per arm
-            ("A", "", [40.0, 41.0, 39.0, 40.0], [], 0, 8, 128, [[40.0, 41.0], [39.0, 40.0]]),
-            ("B", "", [40.5, 41.2, 39.1, 40.4], [], 0, 8, 128, [[40.5, 41.2], [39.1, 40.4]])]))
+            ArmData("A", "", [40.0, 41.0, 39.0, 40.0], [], 0, 8, 128, [[40.0, 41.0], [39.0, 40.0]]),
+            ArmData("B", "", [40.5, 41.2, 39.1, 40.4], [], 0, 8, 128, [[40.5, 41.2], [39.1, 40.4]])]))
         reference, effects = best_reference(store, model="m", backend="sglang", hosts={"sim"}, bench=SHAPE)
     assert reference is not None and reference.run_id == best and reference.per_stream == 45.0
     findings = diff_findings(ONE, reference.flags, reference.describe(), effects)

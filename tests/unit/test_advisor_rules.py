@@ -4,7 +4,6 @@ A rule fires only on what the evidence shows, and its fix is in the flags of the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from app.core.advisor.evidence import Evidence
@@ -12,9 +11,10 @@ from app.core.advisor.rules import Finding, evaluate
 from app.core.data import DecodeStats, GpuSample, LogLine, Notice, SpecDecodeStats
 from app.core.logs.parser import parse_lines
 from app.core.telemetry.topology import ComputeCapability, GpuFacts, parse_compute_caps, parse_topology
+from tests.helpers import DATA
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
-SMI = Path(__file__).resolve().parents[1] / "data" / "smi"
+LOGS = DATA / "logs"
+SMI = DATA / "smi"
 
 
 def _a6000_facts() -> GpuFacts:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +15,7 @@ from app.core.measure.experiment import ExperimentFailed
 from app.core.profiles.loading import load_profile
 from app.core.profiles.types import ProfileError
 from app.core.server.preflight import LaunchRefused
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 DOCS = REPO / "docs"
 SCANNED = ("app", "widgets", "tests", "bench", "scripts", "profiles", "docs", "README.md")
 SKIPPED_PARTS = {"__pycache__", ".pytest_cache"}

@@ -29,8 +29,9 @@ from app.core.telemetry.energy import (
 )
 from app.core.telemetry.nvml import NvmlTelemetry
 from tests.fakes import CommandOnlyHost
+from tests.helpers import DATA
 
-H200 = Path(__file__).resolve().parents[1] / "data" / "h200"
+H200 = DATA / "h200"
 ENERGY_KEYS = {"method", "joules", "gpus", "mean_w_per_gpu", "output_tokens", "j_per_token", "tokens_per_j"}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +28,7 @@ from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import load_profile
 from app.core.profiles.types import ProfileError
 from app.core.server.events import LifecycleView
-from tests.helpers import serving
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, serving
 
 
 class FakeServer:

@@ -4,7 +4,6 @@ replaces it (issue: SGLang as people run it today)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,7 @@ from app.core.profiles.loading import for_server_version, load_profile, parse_pr
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _g(version: str | None):  # type: ignore[no-untyped-def]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,9 @@ from app.core.telemetry.freecheck import FreeCheck, learn_baseline
 from app.core.telemetry.smi import SmiTelemetry
 from app.core.telemetry.smi_parse import parse_compute_apps_csv, parse_gpu_csv
 from tests.fakes import CommandOnlyHost
+from tests.helpers import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
+DATA = TEST_DATA / "h200"
 LABELS = ("idle", "loaded", "orphan", "after")
 MIB = 2**20
 UUIDS = ("GPU-ede1a36c-abe8-b324-037c-685d679a6eed", "GPU-5220b9b1-46be-06df-1753-10abff0615a0")

@@ -8,7 +8,9 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_import_cycles.py"
+from tests.helpers import REPO
+
+SCRIPT = REPO / "scripts" / "check_import_cycles.py"
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,9 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
 from app.core.server.release import FreeProgress
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-from tests.helpers import free_port
+from tests.helpers import DATA, free_port, until
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+LOGS = DATA / "logs"
 STARTUP = (LOGS / "sglang_0510_startup.log").read_text().splitlines()  # a real SGLang 0.5.10 startup
 CRASH = (LOGS / "sglang_crash_loading.log").read_text().splitlines()  # OOM while loading, then its echo
 IDLE = gpu_reading({0: 0, 1: 0})
@@ -69,13 +69,6 @@ async def make_lifecycle(host: InMemoryHost, profile: Profile) -> AsyncIterator[
         await asyncio.wait(others, timeout=2.0)
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
 def in_state(lifecycle: ServerLifecycle, state: ServerState) -> Callable[[], bool]:
     return lambda: lifecycle.state == state
 
@@ -111,7 +104,7 @@ async def test_the_log_moves_a_launch_through_loading_capturing_warming_to_ready
         upto = first_line(STARTUP, fragment) + 1
         host.append_log(record.log_path, *STARTUP[written:upto])
         written = upto
-        await until(in_state(lifecycle, state), str(state))
+        await until(in_state(lifecycle, state), 2.0, str(state), interval=0.005)
     assert states(seen) == [ServerState.LAUNCHING, ServerState.LOADING, ServerState.CAPTURING,
                             ServerState.WARMING, ServerState.READY]
     assert set(lifecycle.phase_times) >= {"start", "load", "capture", "warmup", "ready"}
@@ -126,7 +119,7 @@ async def test_a_group_that_dies_while_loading_is_crashed_with_the_highest_ranke
     lifecycle, seen = make_lifecycle()
     record = await lifecycle.launch()
     host.append_log(record.log_path, *CRASH)
-    await until(lambda: lifecycle.state == ServerState.LOADING, "LOADING")
+    await until(lambda: lifecycle.state == ServerState.LOADING, 2.0, "LOADING", interval=0.005)
     host.exit_group(record.pgid)
     assert await lifecycle.wait_ready(2.0) == ServerState.CRASHED
     assert lifecycle.fatal is not None
@@ -136,7 +129,7 @@ async def test_a_group_that_dies_while_loading_is_crashed_with_the_highest_ranke
     assert level == "error" and text.startswith("server crashed while starting: ")
     assert lifecycle.view().crash_detail() == lifecycle.fatal.text
     await until(lambda: '"outcome": "crashed"' in host.files.get(job_path(host, lifecycle.profile), ""),
-                "the crash in the job record")
+                2.0, "the crash in the job record", interval=0.005)
 
 
 # ---- kill -> free / stuck -------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from app.cli.main import main as cli_main
+from tests.helpers import DATA
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+LOGS = DATA / "logs"
 
 
 def run_log(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

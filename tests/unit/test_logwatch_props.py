@@ -3,15 +3,14 @@ accounted for (an event's line, a traceback's line, or a skipped line)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.data import LogEvent
 from app.core.logs.parser import LogParser, read_log_lines, summarize, summary_to_json
+from tests.helpers import DATA
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+LOGS = DATA / "logs"
 REAL_LINES = sorted({line for path in LOGS.glob("*.log") for line in read_log_lines(path)})
 
 # Real lines, cut anywhere and glued to arbitrary text, reach deeper into the patterns than random text.

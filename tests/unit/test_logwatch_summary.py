@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from app.core.data import Phase
 from app.core.logs.parser import event_to_json, parse_lines, read_log_lines, summarize, summary_to_json
 from app.core.logs.summary import LogSummary, TimestampClock
+from tests.helpers import DATA
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+LOGS = DATA / "logs"
 
 
 def summary_of(name: str) -> LogSummary:

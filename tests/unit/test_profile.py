@@ -10,8 +10,8 @@ import pytest
 from app.core.profiles.loading import find_profiles, load_profile, parse_profile, profile_dirs, resolve_profile
 from app.core.profiles.render import launch_argv
 from app.core.profiles.types import BenchSettings, ProfileError
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "profiles"
 BAD = REPO / "tests" / "data" / "profiles"
 

@@ -11,8 +11,9 @@ from app.core.flags.toggles import apply_toggle, default_toggles
 from app.core.profiles.loading import apply_overrides, load_profile, parse_profile
 from app.core.profiles.render import describe_change, flag_diff, launch_argv, profile_diff
 from app.core.profiles.types import Profile, ProfileError
+from tests.helpers import REPO
 
-SHIPPED = Path(__file__).resolve().parents[2] / "profiles"
+SHIPPED = REPO / "profiles"
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.core.measure.experiment import ArmData, arm_energy, energy_of, result_json
+from app.core.measure.experiment import ArmData, TrialEnergy, arm_energy, energy_of, result_json
 from app.core.measure.report import experiment_text
 
 
@@ -18,7 +18,7 @@ def _energy(joules: float, tokens: int, method: str = "sim-power") -> dict[str, 
 def _arm(label: str, launches: list[list[float]], joules: list[list[float]] | None, **kw: Any) -> ArmData:
     energy = None
     if joules is not None:
-        energy = [(k, _energy(j, 100, **kw) if j >= 0 else None) for k, js in enumerate(joules) for j in js]
+        energy = [TrialEnergy(k, _energy(j, 100, **kw) if j >= 0 else None) for k, js in enumerate(joules) for j in js]
     values = [v for vals in launches for v in vals]
     return ArmData(label, "" if label == "A" else "speculative-num-steps=3", values, [], 0, 4 * len(values),
                    100 * len(values), launches, energy)
@@ -72,7 +72,7 @@ def test_runs_without_energy_fields_and_bad_energy_values():
     assert energy_of({"energy": None}) is None and energy_of({}) is None
     good = {"method": "nvml", "joules": 3.0, "output_tokens": 10}
     assert energy_of({"energy": good}) == good
-    bad_watts = ArmData("A", "", [1.0], [], 0, 1, 10, [[1.0]], [(0, {**good, "mean_w_per_gpu": ["x"]})])
+    bad_watts = ArmData("A", "", [1.0], [], 0, 1, 10, [[1.0]], [TrialEnergy(0, {**good, "mean_w_per_gpu": ["x"]})])
     assert arm_energy(bad_watts)["mean_w_per_gpu"] is None  # type: ignore[index]
 
 
@@ -89,7 +89,8 @@ def test_the_bench_note_says_why_energy_is_missing():
     assert energy_note_of({"energy": None, "energy_note": why}) == why
     assert energy_note_of({"energy": None, "energy_note": "not measured (no energy meter)"}) == "no energy meter"
     assert energy_note_of({"energy": {"method": "m", "joules": 1.0, "output_tokens": 1}, "energy_note": ""}) == ""
-    arms = [ArmData(label, "", [100.0, 101.0], [], 0, 2, 20, [[100.0], [101.0]], [(0, None, why), (1, None, why)])
+    arms = [ArmData(label, "", [100.0, 101.0], [], 0, 2, 20, [[100.0], [101.0]],
+                    [TrialEnergy(0, None, why), TrialEnergy(1, None, why)])
             for label in "AB"]
     data = result_json("done", arms)
     assert data["verdict"].endswith(f"; energy not measured ({why})")

@@ -6,11 +6,9 @@ import json
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import app.core
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _loaded_after_import(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:

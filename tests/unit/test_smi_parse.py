@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +17,9 @@ from app.core.telemetry.smi_parse import (
     parse_gpu_csv,
     parse_value,
 )
+from tests.helpers import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "smi"
+DATA = TEST_DATA / "smi"
 H200 = "GPU-529c853d-7a5b-f0b8-3c1e-2d4b5e6f7a81"
 A100 = "GPU-7f3e2a10-1111-2222-3333-444455556666"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from app.core.data import GpuSnapshot
 from app.core.hosts.base import CommandResult, HostError
 from app.core.telemetry.smi import SmiTelemetry
 from tests.fakes import CommandOnlyHost
+from tests.helpers import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "smi"
+DATA = TEST_DATA / "smi"
 H200 = "GPU-529c853d-7a5b-f0b8-3c1e-2d4b5e6f7a81"
 A100 = "GPU-7f3e2a10-1111-2222-3333-444455556666"
 TWO_GPUS = (DATA / "two_gpus.csv").read_text()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,9 @@ from app.core.telemetry.topology import (
     read_gpu_facts,
 )
 from tests.fakes import CommandOnlyHost
+from tests.helpers import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "smi"
+DATA = TEST_DATA / "smi"
 
 
 def fixture(name: str) -> str:

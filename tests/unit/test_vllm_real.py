@@ -18,9 +18,9 @@ from app.core.measure.http_probes import parse_metrics
 from app.core.measure.metrics import MetricsPoller, MetricsRate, MetricsReading, rate_between, spec_decode_totals
 from app.core.profiles.loading import parse_profile
 from app.core.profiles.types import ProfileError
+from tests.helpers import DATA, REPO
 
-LOG = Path(__file__).resolve().parents[1] / "data" / "logs" / "vllm_cpu_0320_real.log"
-REPO = Path(__file__).resolve().parents[2]
+LOG = DATA / "logs" / "vllm_cpu_0320_real.log"
 
 
 # ---- the real log ------------------------------------------------------------------------------------

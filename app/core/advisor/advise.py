@@ -129,7 +129,8 @@ async def advise(host: Host, profile: Profile, *, store: HistoryStore | None = N
     if store is not None:
         shape = (bench or BenchSpec.from_settings(profile.bench)).to_json()
         hosts = {host.name, profile.host}
-        history = recorded_history(store, model=record.model, backend=record.backend, hosts=hosts, bench=shape)
+        history = await store.in_thread(recorded_history, store, model=record.model, backend=record.backend,
+                                        hosts=hosts, bench=shape)
         arms, effects, shapes, asked = history.arms, history.effects, history.shapes, dict(history.asked)
         reference, own = fastest(arms), fastest(arms, running)
         nearest = history.nearest if reference is None else None

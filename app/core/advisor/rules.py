@@ -1,6 +1,6 @@
 """The "left on the table" rules as data: one table (RULES) per backend and version range, and `evaluate`.
 
-Each Rule names the evidence it needs, its check (Evidence -> Verdict or None), why it matters and, through
+Each Rule names its check (Evidence -> Verdict or None), why it matters and, through
 its check, the fix as pending flags in the spelling of the release in front of it (app.core.flags.toggles:
 `prefill_graph_toggle`; the catalog's versions), or "nothing to do on this hardware" with the reason. A check
 that lacks its evidence returns None, or a "not_read" verdict saying which evidence was not read: a rule never
@@ -49,7 +49,6 @@ class Rule:
     backend: str
     versions: tuple[str, str]  # (since, until) release strings, "" = open; an unknown release: applies
     title: str
-    needs: tuple[str, ...]  # evidence sources: "server_info", "argv", "log", "smi", "gpu_facts"
     why: str
     check: Callable[[Evidence], Verdict | None]
     # The flag values the rule's fixes lead to: a server already running one of them has that gain, and the
@@ -478,50 +477,49 @@ def check_weight_cache_miss(ev: Evidence) -> Verdict | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("weight_cache_miss", "sglang", ("0.5.23", ""), "Weight cache missed", ("log",),
+    Rule("weight_cache_miss", "sglang", ("0.5.23", ""), "Weight cache missed",
           "a warm relaunch maps the weights from the daemon in about a second; from disk they take the full load",
           check_weight_cache_miss),
-    Rule("weight_cache_miss", "vllm", ("", ""), "Weight cache missed", ("log",),
+    Rule("weight_cache_miss", "vllm", ("", ""), "Weight cache missed",
           "a warm relaunch maps the weights from the daemon in about a second; from disk they take the full load",
           check_weight_cache_miss),
     Rule("prefill_graph_auto_disabled", "sglang", ("0.5.10", ""), "Prefill (piecewise) CUDA graph auto-disabled",
-          ("log", "server_info", "argv"),
           "without it every prefill runs eagerly: slower time to first token and slower mixed batches",
           check_prefill_graph, {"enforce-piecewise-cuda-graph": True, "cuda-graph-backend-prefill": "breakable"}),
     Rule("single_batch_overlap_off", "sglang", ("0.5.3", ""), "Single-batch overlap off with TP > 1",
-          ("server_info", "argv"), "the TP all-reduce and the compute of one batch run one after the other",
+          "the TP all-reduce and the compute of one batch run one after the other",
           check_single_batch_overlap, {"enable-single-batch-overlap": True}),
-    Rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off", ("server_info", "argv", "log"),
+    Rule("overlap_schedule_off", "sglang", ("", ""), "Overlap scheduler off",
           "the CPU's scheduling of the next batch waits for the GPU instead of running under it",
           check_overlap_schedule, {"disable-overlap-schedule": None}),
     Rule("flashinfer_allreduce_fusion", "sglang", ("0.4.10.post2", ""), "FlashInfer all-reduce fusion",
-          ("gpu_facts", "argv", "server_info"), "fuses the TP all-reduce with the norm that follows it",
+          "fuses the TP all-reduce with the norm that follows it",
           check_allreduce_fusion, {"enable-flashinfer-allreduce-fusion": True}),
-    Rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS", ("gpu_facts", "argv", "server_info"),
+    Rule("nccl_nvls", "sglang", ("", ""), "NCCL NVLS",
           "all-reduce inside the NVLink Switch: less time in TP communication", check_nccl_nvls,
           {"enable-nccl-nvls": True}),
-    Rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent", ("server_info", "argv"),
+    Rule("speculation", "sglang", ("", ""), "Speculative decoding off or inconsistent",
           "speculation multiplies tokens per step; mismatched draft tokens waste verify work", check_speculation),
-    Rule("accept_length_low", "sglang", ("", ""), "Speculation not paying", ("log",),
+    Rule("accept_length_low", "sglang", ("", ""), "Speculation not paying",
           "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
-    Rule("accept_length_low", "vllm", ("", ""), "Speculation not paying", ("log",),
+    Rule("accept_length_low", "vllm", ("", ""), "Speculation not paying",
           "every draft costs a verify step; at accept length 1 nothing comes back for it", check_accept_length),
     Rule("graph_max_bs_below_batch", "sglang", ("", ""), "CUDA graph max batch size below the running batch",
-          ("log", "server_info"), "batches above the captured size run eagerly, several times slower per step",
+          "batches above the captured size run eagerly, several times slower per step",
           check_graph_max_bs),
-    Rule("decode_without_graph", "sglang", ("", ""), "Decode without CUDA graph", ("log", "argv", "server_info"),
+    Rule("decode_without_graph", "sglang", ("", ""), "Decode without CUDA graph",
           "an eager decode step pays the kernel launch overhead every token", check_decode_graph),
-    Rule("memory_idle", "sglang", ("", ""), "GPU memory left idle", ("smi", "server_info", "argv"),
+    Rule("memory_idle", "sglang", ("", ""), "GPU memory left idle",
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
-    Rule("eager_mode", "vllm", ("", ""), "Eager mode (--enforce-eager)", ("log", "argv"),
+    Rule("eager_mode", "vllm", ("", ""), "Eager mode (--enforce-eager)",
           "CUDA graphs replay a decode step as one launch; torch.compile fuses its kernels", check_vllm_eager,
           {"enforce-eager": None}),
-    Rule("cudagraph_mode_none", "vllm", ("0.10.2", ""), "CUDA graphs off (cudagraph_mode NONE)", ("log", "argv"),
+    Rule("cudagraph_mode_none", "vllm", ("0.10.2", ""), "CUDA graphs off (cudagraph_mode NONE)",
           "an eager decode step pays the kernel launch overhead every token", check_vllm_cudagraph_mode,
           {"compilation-config.cudagraph_mode": "FULL_AND_PIECEWISE"}),
-    Rule("speculation", "vllm", ("", ""), "Speculative decoding off", ("log",),
+    Rule("speculation", "vllm", ("", ""), "Speculative decoding off",
           "speculation multiplies tokens per step", check_vllm_speculation),
-    Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle", ("smi", "argv"),
+    Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle",
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
 )
 

@@ -22,13 +22,16 @@ from typing import Any
 
 from app.core import jsontext
 from app.core.data import BACKENDS, FlagValue, first_control_character, printable
+from app.core.errors import TunedashError
 from app.core.flags.catalog import SGLANG_FLAGS, VLLM_FLAGS, FlagSpec
 
 CUSTOM = "custom"
 
 
-class FlagError(ValueError):
+class FlagError(TunedashError, ValueError):
     """A flag name or value the catalog rejects; the message names the flag and says what to do."""
+
+    title = "Bad flag"
 
 
 @cache

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 
 from app.core.data import ConnectionState
+from app.core.errors import TunedashError
 from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, PROGRAM_SCRIPT, argv_size_problem
 from app.core.hosts.procfs import ProcessInfo, group_alive_in
 from app.core.hosts.shell_scripts import (
@@ -20,6 +21,7 @@ from app.core.hosts.shell_scripts import (
     PROVEN_SIGNAL_SCRIPT,
 )
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, WINDOW_SCRIPT, LogWindow, WindowError, window_from_script
+from app.core.tasks import Unsubscribe
 
 
 @dataclass(frozen=True)
@@ -102,16 +104,22 @@ def parse_age(text: str) -> PathAge | None:
     return PathAge(now - mtime, parts[0] == "1")
 
 
-class HostError(Exception):
+class HostError(TunedashError):
     """A host could not do what was asked; the message names the host and says what to do."""
+
+    title = "Host problem"
 
 
 class NotRegularFile(HostError):
     """A path that must be a regular file (a log to replay) is something else (a FIFO, a device, a folder)."""
 
+    title = "Not a regular file"
+
 
 class LeaderMismatch(HostError):
     """The process at a job's leader pid is not the recorded leader (reused pid, no tag): nothing was signalled."""
+
+    title = "Not the recorded server"
 
 
 class Host(abc.ABC):
@@ -331,11 +339,22 @@ class Host(abc.ABC):
         """The base URL that reaches a server listening on `port` of this host (an SSH host forwards it)."""
         return f"http://127.0.0.1:{port}"
 
-    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:  # noqa: B027
-        """Be told of connection changes (remote hosts only; a local host never calls it)."""
+    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> Unsubscribe:
+        """Be told of connection changes (remote hosts only; a local host never calls it); returns the function
+        that unsubscribes, which whoever subscribed calls when it closes."""
+        return _nothing_to_undo
+
+    @property
+    def connection_listeners(self) -> int:
+        """How many listeners `subscribe_connection` holds now (0 on a host without connection events)."""
+        return 0
 
     def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:  # noqa: B027
         """Let a UI decide on an unknown host key (remote hosts only). `prompt(request)` gets a TrustRequest."""
+
+
+def _nothing_to_undo() -> None:
+    """The unsubscribe of a host that never calls its connection listeners."""
 
 
 async def reach_url(host: Host, url: str) -> str:

@@ -34,6 +34,7 @@ from app.core.hosts.lines import LineCutter
 from app.core.hosts.local_files import NoFollow, create_exclusive, path_age, private_folder, replace_file
 from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, leader_says_alive, listening_ports, parse_stat_line
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow, window_from
+from app.core.tasks import TaskOwner
 
 T = TypeVar("T")
 FOLLOW_POLL_S = 0.05  # LocalHost.follow: the poll after new lines
@@ -126,10 +127,9 @@ class LocalHost(Host):
             finally:
                 await queue.put(None)  # the reader never waits on a pump that is gone
 
-        pumps = [
-            asyncio.create_task(pump(proc.stdout, "")),
-            asyncio.create_task(pump(proc.stderr, "\x00stderr:")),
-        ]
+        pumps = TaskOwner(f"{self.name} stream")
+        pumps.spawn(pump(proc.stdout, ""), "stdout")
+        pumps.spawn(pump(proc.stderr, "\x00stderr:"), "stderr")
         try:
             open_streams = 2
             while open_streams:
@@ -141,12 +141,11 @@ class LocalHost(Host):
             code = await proc.wait()
             yield f"\x00exit:{code}"
         finally:
-            for task in pumps:
-                task.cancel()
+            pumps.cancel()
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(TimeoutError):  # still there after 2 s: SIGKILL below
                     await asyncio.wait_for(proc.wait(), 2.0)
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):

@@ -53,6 +53,7 @@ from app.core.hosts.ssh_trust import (
     add_known_host,
     open_verified,
 )
+from app.core.tasks import Listeners, TaskOwner, Unsubscribe
 
 # Run "$@" with stdin from /dev/null; a background `cat` holds the channel's stdin and, at its EOF (channel
 # closed or connection gone), signals the whole process group. Its own output goes nowhere, so it never
@@ -99,8 +100,8 @@ class SshHost(Host):
         self._last_attempt = 0.0
         self._lost_at: float | None = None
         self._next_try_at: float | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._listeners: list[Callable[[ConnectionChanged], None]] = []
+        self._tasks = TaskOwner(f"ssh {spec}")  # the supervisor that reconnects
+        self._listeners: Listeners[ConnectionChanged] = Listeners(f"ssh {spec}")
         self._trust_prompt: Callable[[object], Awaitable[bool]] | None = None
         self._forwards: dict[int, int] = {}  # remote port -> local port
         self._listeners_fw: dict[int, asyncssh.SSHListener] = {}
@@ -111,17 +112,19 @@ class SshHost(Host):
     def state_dir(self) -> str:
         return self._state_dir
 
-    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> None:
-        self._listeners.append(listener)
+    def subscribe_connection(self, listener: Callable[[ConnectionChanged], None]) -> Unsubscribe:
+        return self._listeners.subscribe(listener)
+
+    @property
+    def connection_listeners(self) -> int:
+        return len(self._listeners)
 
     def set_trust_prompt(self, prompt: Callable[[object], Awaitable[bool]] | None) -> None:
         self._trust_prompt = prompt
 
     def _emit(self, state: ConnectionState, detail: str, since: float | None = None) -> None:
         self.state = state
-        event = ConnectionChanged(self.name, state, detail, time.time(), since)
-        for listener in list(self._listeners):
-            listener(event)
+        self._listeners.emit(ConnectionChanged(self.name, state, detail, time.time(), since))
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         """One connection attempt (the config read afresh); an unknown key goes to the trust prompt if any.
@@ -133,7 +136,7 @@ class SshHost(Host):
             if self._trust_prompt is None:
                 raise
             if await self._trust_prompt(exc.request):
-                add_known_host(exc.request)
+                await asyncio.to_thread(add_known_host, exc.request)  # a file append: off the loop
                 return await self._open()  # the next host of a ProxyJump chain may ask in turn
             # The person said no: final for this host object (no retry asks again every second).
             self._failed = exc
@@ -170,7 +173,7 @@ class SshHost(Host):
             self._adopt(conn)
             self._ever_connected = True
             self._emit("connected", f"connected to {self.name}")
-            self._supervisor = asyncio.create_task(self._supervise(), name=f"ssh supervisor {self.name}")
+            self._tasks.spawn(self._supervise(), "supervisor")
             return conn
 
     def _adopt(self, conn: asyncssh.SSHClientConnection) -> None:
@@ -226,11 +229,12 @@ class SshHost(Host):
 
     async def close(self) -> None:
         self._closing = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        await self._tasks.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+            # Closing on purpose: only the end is awaited, and a connection that fails on its way out has
+            # nothing left to lose (every command on it already returned or raised).
             with contextlib.suppress(Exception):
                 await conn.wait_closed()
 
@@ -299,7 +303,9 @@ class SshHost(Host):
                 await queue.put(exc)
             await queue.put(None)
 
-        pumps = [asyncio.create_task(pump(proc.stdout, "")), asyncio.create_task(pump(proc.stderr, "\x00stderr:"))]
+        pumps = TaskOwner(f"{self.name} stream")
+        pumps.spawn(pump(proc.stdout, ""), "stdout")
+        pumps.spawn(pump(proc.stderr, "\x00stderr:"), "stderr")
         try:
             open_streams = 2
             while open_streams:
@@ -315,8 +321,7 @@ class SshHost(Host):
                 raise self._lost(ConnectionError("the channel closed without an exit status"))
             yield f"\x00exit:{proc.returncode if proc.returncode is not None else -1}"
         finally:
-            for task in pumps:
-                task.cancel()
+            pumps.cancel()
             proc.close()  # the remote watchdog sees stdin EOF and ends the command's group
 
     async def spawn_detached(

@@ -23,6 +23,8 @@ from app.core.hosts.ssh_options import SshSettings
 class HostKeyUnknown(HostError):
     """The server's key is not in known_hosts; `request` says which key and where it would go."""
 
+    title = "Unknown host key"
+
     def __init__(self, message: str, request: TrustRequest) -> None:
         super().__init__(message)
         self.request = request
@@ -31,9 +33,13 @@ class HostKeyUnknown(HostError):
 class HostKeyChanged(HostError):
     """The server's key differs from the one known_hosts holds, or known_hosts revokes it. Never accepted."""
 
+    title = "Host key changed"
+
 
 class LoginRefused(HostError):
     """The host refused the login (user, key): retrying would not help, and may lock the account."""
+
+    title = "Login refused"
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ async def open_verified(settings: SshSettings) -> asyncssh.SSHClientConnection:
 
 def _close(conn: asyncssh.SSHClientConnection | None) -> None:
     if conn is not None:
+        # Only on a failed or cancelled connect: the error being raised is what the user sees, and a half-open
+        # connection that fails to close has nothing left to lose.
         with contextlib.suppress(Exception):
             conn.close()
 

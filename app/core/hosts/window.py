@@ -15,6 +15,7 @@ import binascii
 from dataclasses import dataclass
 
 from app.core.data import LOG_LINE_CUT, LOG_LINE_MAX
+from app.core.errors import TunedashError
 
 HEAD_BYTES = 1 << 20  # 1 MiB from the start: a startup's phases and its ready line
 TAIL_BYTES = 2 << 20  # 2 MiB from the end: recent decode lines, notices, the fatal traceback
@@ -30,8 +31,10 @@ WINDOW_SCRIPT = (
 )
 
 
-class WindowError(Exception):
+class WindowError(TunedashError):
     """What a host's window script printed cannot be read (a host without base64, head or tail)."""
+
+    title = "Unreadable log window"
 
 
 @dataclass(frozen=True)

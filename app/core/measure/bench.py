@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.core.errors import TunedashError
 from app.core.measure.client import (
     STALL_TIMEOUT_S,
     RequestResult,
@@ -38,8 +39,10 @@ WORDS_PER_TOKEN = 0.75  # synthetic prompts: about 4 tokens per 3 words
 NOT_MEASURED = "not measured (no energy meter)"
 
 
-class PromptFileError(ValueError):
+class PromptFileError(TunedashError, ValueError):
     """A prompt file that cannot be used; the message names the file."""
+
+    title = "Bad prompt file"
 
 
 @dataclass(frozen=True)
@@ -271,12 +274,12 @@ async def _send_all(
             if on_result is not None:
                 on_result(i, result)
 
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(spec.concurrency, len(requests))))]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        for task in workers:
-            task.cancel()
+    try:  # the workers end with this call: a TaskGroup, which cancels the others when one fails
+        async with asyncio.TaskGroup() as group:
+            for _ in range(max(1, min(spec.concurrency, len(requests)))):
+                group.create_task(worker())
+    except BaseExceptionGroup as failed:  # the first failure, as the callers expect it (a listener's error)
+        raise failed.exceptions[0] from None
     wall = time.monotonic() - started
     return [r for r in results if r is not None], wall
 

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.core.errors import Reason, TunedashError
 from app.core.measure.stream_http import HttpError, Origin, StreamPool
 
 WORDS = [
@@ -113,11 +114,14 @@ class RequestResult:
         return self
 
 
-class StreamFailed(Exception):
+class StreamFailed(TunedashError):
     """The server answered a streaming request with an error: a status other than 200, or an error chunk.
 
     The message is the text a RequestResult keeps as its `error`.
     """
+
+    title = "Request failed"
+    default_reason = Reason.NO_TOKENS
 
 
 class BadChunk(StreamFailed):

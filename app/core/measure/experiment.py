@@ -26,7 +26,7 @@ import math
 import shlex
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -164,15 +164,28 @@ def energy_note_of(summary: dict[str, Any]) -> str:
     return note[:200]
 
 
+@dataclass(frozen=True)
+class TrialEnergy:
+    """One trial's energy, successful or not: its launch, the summary's energy as `energy_of` checked it (None
+    when the trial has none) and, then, why not (`energy_note_of`)."""
+
+    launch: int
+    energy: dict[str, Any] | None
+    note: str = ""
+
+    @classmethod
+    def of(cls, launch: int, summary: dict[str, Any]) -> TrialEnergy:
+        """From a trial's summary (live, or as the store read it)."""
+        return cls(launch, energy_of(summary), energy_note_of(summary))
+
+
 @dataclass
 class ArmOutcome:
     label: str
     overrides: str
     values: list[float] = field(default_factory=list)  # every successful trial, in order
     launches: list[list[float]] = field(default_factory=list)  # the same values, one list per launch
-    energy: list[dict[str, Any] | None] = field(default_factory=list)  # per trial (energy_of), in order
-    energy_launch: list[int] = field(default_factory=list)  # the launch of each entry of `energy`
-    energy_notes: list[str] = field(default_factory=list)  # per trial: why it has no energy ("" when it has)
+    energy: list[TrialEnergy] = field(default_factory=list)  # every trial, in order
     accept: list[float] = field(default_factory=list)
     errors: int = 0
     requests: int = 0
@@ -185,14 +198,14 @@ class ArmOutcome:
 
     def data(self) -> ArmData:
         return ArmData(self.label, self.overrides, self.values, self.accept, self.errors, self.requests,
-                       self.output_tokens, self.launches,
-                       list(zip(self.energy_launch, self.energy, self.energy_notes, strict=True)))
+                       self.output_tokens, self.launches, list(self.energy))
 
 
-class ArmData(NamedTuple):
+@dataclass(frozen=True)
+class ArmData:
     """What result_json needs of one arm (a live ArmOutcome or a stored run). `launches` None: one launch.
 
-    energy: (launch, the trial's energy or None[, why not]) for every trial, successful or not."""
+    energy: every trial's TrialEnergy, successful or not (None: a run stored before energy was measured)."""
 
     label: str
     overrides: str
@@ -202,7 +215,7 @@ class ArmData(NamedTuple):
     requests: int
     output_tokens: int
     launches: list[list[float]] | None = None
-    energy: list[tuple[Any, ...]] | None = None
+    energy: list[TrialEnergy] | None = None
 
     @property
     def by_launch(self) -> list[list[float]]:
@@ -257,9 +270,9 @@ def arm_energy(arm: ArmData) -> dict[str, Any] | None:
     entries = arm.energy or []
     if not entries:
         return None
-    got: list[tuple[int, dict[str, Any]]] = [(int(x[0]), x[1]) for x in entries if x[1] is not None]
+    got: list[tuple[int, dict[str, Any]]] = [(x.launch, x.energy) for x in entries if x.energy is not None]
     methods = sorted({str(e["method"]) for _, e in got})
-    notes = sorted({str(x[2]) for x in entries if x[1] is None and len(x) > 2 and x[2]})
+    notes = sorted({x.note for x in entries if x.energy is None and x.note})
     why = f": {'; '.join(notes)}" if notes else ""
     if not got:
         return {"measured": False, "methods": methods, "notes": notes, "missing": f"no trial measured energy{why}"}
@@ -295,15 +308,14 @@ def _energy_text(first: ArmData, other: ArmData, ea: dict[str, Any] | None, eb: 
     return "energy not measured" + (f" (method {', '.join(methods)})" if methods else "")
 
 
-def result_json(status: str, arms: list[ArmData] | list[tuple[Any, ...]], *,
-                run_id: int | None = None, note: str = "") -> dict[str, Any]:
+def result_json(status: str, arms: Sequence[ArmData], *, run_id: int | None = None, note: str = "") -> dict[str, Any]:
     """The JSON of an experiment: per arm its launches x trials, launch_values (launch means), mean and ci95
     from the launches, both spreads, energy; `ratio` and `ratio_ci` (B/A from launches) and `verdict`.
 
-    Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`.
-    A plain 7-tuple arm (label, overrides, values, accept, errors, requests, tokens) is one launch.
+    Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`; this
+    is where an experiment's typed data becomes JSON.
     """
-    items = [a if isinstance(a, ArmData) else ArmData(*a) for a in arms]
+    items = list(arms)
     out_arms = []
     energies = []
     for arm in items:
@@ -397,8 +409,9 @@ class Experiment:
         spec = self.spec
         first = spec.arms[0].profile
         if self.store is not None:
-            self.run_id = self.store.start_run(
-                "ab", profile=first.name, host=first.host, backend=first.backend, model=first.model,
+            self.run_id = await self.store.in_thread(
+                self.store.start_run, "ab", profile=first.name, host=first.host, backend=first.backend,
+                model=first.model,
                 params=spec.params_json(),
                 arms=[(a.label, a.overrides, dict(a.profile.flags)) for a in spec.arms])
             self.result.run_id = self.run_id
@@ -421,7 +434,8 @@ class Experiment:
             self.result.note = note
             data = self.result.to_json()  # the launch statistics once, for the store and the "done" line
             if self.store is not None and self.run_id is not None:
-                self.store.finish_run(self.run_id, status, summary=data, verdict=data.get("verdict"), note=note or None)
+                await self.store.in_thread(self.store.finish_run, self.run_id, status, summary=data,
+                                           verdict=data.get("verdict"), note=note or None)
         self._emit("done", str(data.get("verdict") or ""), trials_done=len(spec.schedule()),
                    trials_total=len(spec.schedule()))
         return self.result
@@ -447,19 +461,19 @@ class Experiment:
             state = await self.owner.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s,
                                               change=f"{which}: {arm.overrides or 'the profile as is'}")
         except LaunchRefused as refused:
-            self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
+            await self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
             raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.reason) from None
         life = self.owner.view()
         times = life.phase_times
         if state != ServerState.READY:
-            self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
+            await self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
             raise ExperimentFailed(
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
                 f"{'' if state != ServerState.CRASHED else ': ' + life.crash_detail()}); see the log "
                 f"{life.record.log_path if life.record else ''}".rstrip(), Reason.START_FAILED)
         url = await self.owner.host.http_base(arm.profile.port)
         info = await server_info(url, arm.profile.backend)
-        self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
+        await self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
         self._emit("ready", f"{which}: ready after {time.time() - started:.1f} s", arm=arm_idx,
                    launch=launch_idx, trials_done=done, trials_total=total)
@@ -469,16 +483,17 @@ class Experiment:
             warm = replace(self.spec.bench, requests=self.spec.bench.warmup, warmup=0)
             await run_bench(url, arm.profile.model, warm)
 
-    def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
-                       outcome: str, times: dict[str, float] | None = None) -> None:
+    async def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
+                             outcome: str, times: dict[str, float] | None = None) -> None:
         if self.store is None:
             return
         server_flags = None
         if info is not None:
             server_flags = {k: v for k, v in info.items() if not isinstance(v, (dict, list)) or k == "speculative"}
-        self.store.add_launch(run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
-                              argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
-                              phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
+        await self.store.in_thread(
+            self.store.add_launch, run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
+            argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
+            phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
 
     async def _trial(self, step: Step, done: int, total: int) -> None:
         arm_idx, launch_idx, trial_idx = step
@@ -512,18 +527,16 @@ class Experiment:
         if value is not None:
             outcome.values.append(value)
             outcome.launches[-1].append(value)
-        outcome.energy.append(energy_of(summary_json))
-        outcome.energy_launch.append(launch_idx)
-        outcome.energy_notes.append(energy_note_of(summary_json))
+        outcome.energy.append(TrialEnergy.of(launch_idx, summary_json))
         if accept is not None:
             outcome.accept.append(accept)
         outcome.errors += summary.errors
         outcome.requests += summary.requests
         outcome.output_tokens += summary.output_tokens
         if self.store is not None and self.run_id is not None:
-            self.store.add_trial(self.run_id, arm_idx, trial_idx, value=value, summary=summary_json,
-                                 accept_len=accept, accept_source=source, requests=result.results,
-                                 launch_idx=launch_idx)
+            await self.store.in_thread(self.store.add_trial, self.run_id, arm_idx, trial_idx, value=value,
+                                       summary=summary_json, accept_len=accept, accept_source=source,
+                                       requests=result.results, launch_idx=launch_idx)
         shown = "no successful request" if value is None else f"{value:.1f} tok/s"
         errors = f", {summary.errors} errors" if summary.errors else ""
         self._emit("trial", f"{where}: {shown}{errors}", arm=arm_idx, launch=launch_idx,

@@ -132,7 +132,7 @@ async def probe_loop(
     base_url: str,
     model: str,
     on_point: Callable[[ThroughputPoint], None],
-    on_error: Callable[[str], None],
+    on_error: Callable[[str], None] | None = None,
     *,
     max_tokens: int = 96,
     prompt_words: int = 64,
@@ -151,7 +151,8 @@ async def probe_loop(
     `max_growth` x `max_tokens`; from then on every request counts (a server that fast makes stalls matter little).
 
     A failed request (no answer, an HTTP error, a bad chunk, `stall_timeout_s` without a byte) goes to `on_error`
-    and the next one waits PROBE_BACKOFF_S, doubled per failure in a row; the loop never ends of a bad answer.
+    (when given: a caller that only needs `on_status`, such as the dashboard, leaves it out) and the next one
+    waits PROBE_BACKOFF_S, doubled per failure in a row; the loop never ends of a bad answer.
     `on_status` hears each change of ProbeStatus.state: failing after PROBE_FAILING_AFTER failures in a row,
     running again at the next reading, stopped when the loop ends.
     """
@@ -187,7 +188,8 @@ async def probe_loop(
                     failures = status.failures + 1
                     first, cap = PROBE_BACKOFF_S
                     wait = min(first * 2 ** min(failures - 1, 16), cap)
-                    on_error(error)
+                    if on_error is not None:
+                        on_error(error)
                     if failures >= PROBE_FAILING_AFTER:
                         report(ProbeStatus("failing", failures, error, wait))
                     else:

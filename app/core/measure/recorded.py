@@ -53,9 +53,10 @@ async def run_recorded_bench(
     stop_feed = events(lambda event: meter.feed(event)) if events is not None else None
     run_id = None
     if store is not None:
-        run_id = store.start_run("bench", profile=profile.name, host=host_name, backend=profile.backend,
-                                 model=profile.model, params={"bench": spec.to_json(), "trials": 1},
-                                 arms=[("running", "", dict(running_flags))])
+        run_id = await store.in_thread(store.start_run, "bench", profile=profile.name, host=host_name,
+                                       backend=profile.backend, model=profile.model,
+                                       params={"bench": spec.to_json(), "trials": 1},
+                                       arms=[("running", "", dict(running_flags))])
     status = "cancelled"
     summary: dict[str, Any] | None = None
     try:
@@ -65,12 +66,12 @@ async def run_recorded_bench(
         accept, source = await meter.stop(result.summary.accept_len)
         summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
         if store is not None and run_id is not None:
-            store.add_trial(run_id, 0, 0, value=result.summary.output_tok_s, summary=summary, accept_len=accept,
-                            accept_source=source, requests=result.results)
+            await store.in_thread(store.add_trial, run_id, 0, 0, value=result.summary.output_tok_s, summary=summary,
+                                  accept_len=accept, accept_source=source, requests=result.results)
         status = "done"
     finally:
         if stop_feed is not None:
             stop_feed()
         if store is not None and run_id is not None:
-            store.finish_run(run_id, status, summary=summary)
+            await store.in_thread(store.finish_run, run_id, status, summary=summary)
     return RecordedBench(run_id, result, summary)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from app.core.data import FlagChange
-from app.core.measure.experiment import ArmData, energy_note_of, energy_of, result_json
+from app.core.measure.experiment import ArmData, TrialEnergy, energy_of, result_json
 from app.core.measure.store import RunRow
 from app.core.profiles.render import flag_diff
 
@@ -28,7 +28,7 @@ def run_json(run: RunRow) -> dict[str, Any]:
         errors = sum(int(t.summary.get("errors") or 0) for t in trials)
         requests = sum(int(t.summary.get("requests") or 0) for t in trials)
         tokens = sum(int(t.summary.get("output_tokens") or 0) for t in trials)
-        energy = [(t.launch_idx, energy_of(t.summary), energy_note_of(t.summary)) for t in trials]
+        energy = [TrialEnergy.of(t.launch_idx, t.summary) for t in trials]
         arms.append(ArmData(arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens,
                             run.trials_by_launch(arm.idx), energy))
     data = result_json(run.status, arms, run_id=run.id, note=run.note or "")

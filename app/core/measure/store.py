@@ -21,21 +21,28 @@ per arm).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import math
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from app.core import jsontext
+from app.core.errors import TunedashError
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
 SCHEMA_VERSION = 2
+BUSY_TIMEOUT_S = 10.0  # how long a write waits for another writer's lock (two people in one tmux), in a thread
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -98,8 +105,10 @@ def default_path() -> Path:
     return data_dir() / DB_NAME
 
 
-class StoreError(Exception):
+class StoreError(TunedashError):
     """The history cannot be opened or read; the message names the file and what to do."""
+
+    title = "History unreadable"
 
 
 @dataclass(frozen=True)
@@ -177,8 +186,10 @@ class RunRow:
 EPOCH_MAX = 4102444800.0  # 2100-01-01: a time past it (1e300) is not one a clock wrote
 
 
-class BadRow(ValueError):
+class BadRow(StoreError, ValueError):
     """A history row whose values are not what tunedash writes (a hand edit, another tool, a torn disk)."""
+
+    title = "Unreadable history row"
 
 
 def _loads(text: object) -> Any:
@@ -235,16 +246,32 @@ def _text(value: object, *, optional: bool = False) -> str | None:
     return value
 
 
+def _serialised(method: Callable[P, T]) -> Callable[P, T]:
+    """One call at a time on the store's one connection (its `_lock`), from the loop or a thread worker."""
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        with args[0]._lock:  # type: ignore[attr-defined]
+            return method(*args, **kwargs)
+
+    return call
+
+
 class HistoryStore:
-    """The history database. Cheap to open; every write commits at once."""
+    """The history database. Cheap to open; every write commits at once.
+
+    Async code calls it through `in_thread` (a thread worker): SQLite may wait up to BUSY_TIMEOUT_S for another
+    writer's lock, longer than the driver lock's 5 s stale limit, so it must never wait on the event loop. One
+    connection serves every thread, one call at a time (`_lock`)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_path()
+        self._lock = threading.RLock()
         self.skipped = 0  # rows the reads since opening skipped as unreadable (see "reads" below)
         self.skipped_why: list[str] = []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S,
+                                      check_same_thread=False)  # in_thread's workers; `_lock` keeps one at a time
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
@@ -269,7 +296,17 @@ class HistoryStore:
             self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
-        self.db.close()
+        with self._lock:
+            self.db.close()
+
+    async def in_thread(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`method(*args, **kwargs)` (one of this store's methods) in a thread worker, so that SQLite's wait for
+        a lock never stalls the event loop; for async callers (an A/B, a recorded bench, the advisor)."""
+        def call() -> T:
+            with self._lock:
+                return method(*args, **kwargs)
+
+        return await asyncio.to_thread(call)
 
     def __enter__(self) -> HistoryStore:
         return self
@@ -278,6 +315,7 @@ class HistoryStore:
         self.close()
 
     # ---- writes ----------------------------------------------------------------------------------
+    @_serialised
     def start_run(self, kind: str, *, profile: str, host: str, backend: str, model: str,
                   params: dict[str, Any], arms: Sequence[tuple[str, str, dict[str, Any]]] = ()) -> int:
         """A new run (status "running") with its arms (label, overrides text, effective flags)."""
@@ -294,6 +332,7 @@ class HistoryStore:
                                 (run_id, idx, label, overrides, json.dumps(flags, default=str)))
         return run_id
 
+    @_serialised
     def add_launch(self, *, run_id: int | None, arm_idx: int | None, profile: str, host: str, argv: list[str],
                    flags: dict[str, Any], server_flags: dict[str, Any] | None, phase_times: dict[str, float],
                    outcome: str, launch_idx: int = 0) -> None:
@@ -305,6 +344,7 @@ class HistoryStore:
              outcome, launch_idx),
         )
 
+    @_serialised
     def add_trial(self, run_id: int, arm_idx: int, trial_idx: int, *, value: float | None, summary: dict[str, Any],
                   accept_len: float | None, accept_source: str, requests: Sequence[Any], launch_idx: int = 0) -> None:
         """One finished trial and its requests (RequestResult-like objects), in one transaction.
@@ -325,6 +365,7 @@ class HistoryStore:
                   int(r.usage_missing), r.error or None) for i, r in enumerate(requests)],
             )
 
+    @_serialised
     def finish_run(self, run_id: int, status: str, *, summary: dict[str, Any] | None = None,
                    verdict: str | None = None, note: str | None = None) -> None:
         self.db.execute(
@@ -366,11 +407,13 @@ class HistoryStore:
     _RUN_COLUMNS = ("r.id, r.kind, r.profile, r.host, r.backend, r.model, r.started_at, r.finished_at, r.status, "
                     "r.params, r.summary, r.verdict, r.note, (SELECT COUNT(*) FROM trials t WHERE t.run_id = r.id)")
 
+    @_serialised
     def runs(self, limit: int = 200) -> list[RunRow]:
         """The newest runs first, without their trials; unreadable rows skipped (counted in `skipped`)."""
         rows = self.db.execute(f"SELECT {self._RUN_COLUMNS} FROM runs r ORDER BY r.id DESC LIMIT ?", (limit,))
         return [run for run in map(self._checked_run_row, rows.fetchall()) if run is not None]
 
+    @_serialised
     def run(self, run_id: int) -> RunRow | None:
         """One run with its arms, trials and launches (unreadable ones skipped and counted); StoreError when the
         run's own row is unreadable."""
@@ -416,6 +459,7 @@ class HistoryStore:
                 self._skip(f"run #{run_id} launch", exc)
         return RunRow(**{**base.__dict__, "arms": arms, "trials": trials, "launches": launches})
 
+    @_serialised
     def request_rows(self, run_id: int) -> list[dict[str, Any]]:
         """Every stored request of a run, with its arm and trial (for CSV export and audits); unreadable rows
         skipped and counted."""
@@ -438,5 +482,6 @@ class HistoryStore:
             rows.append(dict(zip(names, row, strict=True)))
         return rows
 
+    @_serialised
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from app.core.errors import Reason, TunedashError
+
 MAX_HEAD = 64 * 1024
 """The longest status line and headers taken (bytes)."""
 
@@ -33,9 +35,12 @@ closed and the answer kept."""
 STALL_MESSAGE = "Timeout on reading data from socket"  # aiohttp's text for the same event: history stays comparable
 
 
-class HttpError(Exception):
+class HttpError(TunedashError):
     """An answer that is not the HTTP the client asked for: a status other than 200 (with the start of its body),
     a broken status line, headers or chunk framing. The message is the text a RequestResult keeps as its error."""
+
+    title = "Bad HTTP answer"
+    default_reason = Reason.NO_TOKENS
 
 
 class BodySink(Protocol):

@@ -7,13 +7,13 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from app.core.data import BACKENDS, FlagValue, one_of
+from app.core.data import BACKENDS, Backend, FlagValue, one_of
 from app.core.flags.catalog import FlagSpec
 from app.core.flags.toggles import Toggle, default_toggles, flip, merge_toggles
 from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
@@ -32,10 +32,14 @@ ENDPOINTS = ("completions", "chat")
 PLACEHOLDERS = ("port", "model", "python", "profile_dir")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CUSTOM_KEYS = ("command", "ready_regex", "health_url")
+T = TypeVar("T")
+_MISSING: Any = object()  # a value that did not read (its problem is kept)
 
 
 class ProfileReader:
-    """Validates the parsed TOML of one file; every error names `source`."""
+    """Validates the parsed TOML of one file; every error names `source`. `read` goes on past a problem (each key,
+    flag, toggle, env entry and bench key on its own) and raises one ProfileError listing them all; only a missing
+    or unknown backend stops it early, since every flag is read against the backend."""
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
                 "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
@@ -44,17 +48,36 @@ class ProfileReader:
 
     def __init__(self, source: Path) -> None:
         self.source = source
+        self.problems: list[str] = []  # "key: problem", in the order found
 
     def fail(self, key: str, problem: str) -> ProfileError:
-        return ProfileError(f"{self.source}: {key}: {problem}")
+        return ProfileError(f"{self.source}: {key}: {problem}", (f"{key}: {problem}",))
+
+    def attempt(self, default: T, read: Callable[..., T], *args: Any) -> T:
+        """`read(*args)`, or `default` with its problems kept for the one error `read` raises at the end."""
+        try:
+            return read(*args)
+        except ProfileError as exc:
+            self.problems.extend(exc.problems)
+            return default
+
+    def collected(self) -> ProfileError:
+        """One error for every problem found: the first alone reads as before; several are listed, one a line."""
+        if len(self.problems) == 1:
+            return ProfileError(f"{self.source}: {self.problems[0]}", tuple(self.problems))
+        listed = "\n".join(f"  {problem}" for problem in self.problems)
+        return ProfileError(f"{self.source}: {len(self.problems)} problems:\n{listed}", tuple(self.problems))
 
     def unknown_keys(self, table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
+        unknown = []
         for key in table:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=2)
                 hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
                         else f"allowed keys: {', '.join(allowed)}")
-                raise self.fail(prefix + key, f"unknown key; {hint}")
+                unknown.append(f"{prefix + key}: unknown key; {hint}")
+        if unknown:
+            raise ProfileError(f"{self.source}: {unknown[0]}", tuple(unknown))
 
     def typed(self, table: Mapping[str, Any], key: str, kind: type, prefix: str = "") -> Any:
         value = table[key]
@@ -63,66 +86,88 @@ class ProfileReader:
         raise self.fail(prefix + key, f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
 
     def read(self, data: dict[str, Any]) -> Profile:
+        """The Profile, or one ProfileError naming every problem of the file (the class docstring)."""
         nul_at = _nul_key(data)
         if nul_at is not None:
             raise self.fail(nul_at, "contains a NUL character (\\u0000); remove it")
-        self.unknown_keys(data, self.TOP_KEYS, "")
-        if "backend" not in data:
-            raise self.fail("backend", "missing; every profile needs backend and model")
-        named = self.typed(data, "backend", str)
-        backend = one_of(named, BACKENDS)
-        if backend is None:
-            raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {named!r}")
+        self.attempt(None, self.unknown_keys, data, self.TOP_KEYS, "")
+        backend = self.attempt(None, self.backend, data)
+        if backend is None:  # every flag and toggle is read against the backend: nothing more can be checked
+            raise self.collected()
         if "model" not in data and backend != CUSTOM:
-            raise self.fail("model", "missing; every profile needs backend and model")
-        got = {key: self.typed(data, key, kind) for key, kind in _TOP_TYPES.items() if key in data}
-        host = self.host(got.get("host", "local"))
+            self.problems.append("model: missing; every profile needs backend and model")
+        got: dict[str, Any] = {}
+        for key, kind in _TOP_TYPES.items():
+            if key in data:
+                got[key] = self.attempt(_MISSING, self.typed, data, key, kind)
+        got = {key: value for key, value in got.items() if value is not _MISSING}
+        host = self.attempt("local", self.host, got.get("host", "local"))
         flags = self.flags(got.get("flags", {}), backend)
-        custom = self.custom(got, backend)
+        no_custom: dict[str, Any] = {}
+        custom = self.attempt(no_custom, self.custom, got, backend)
         module = "" if backend == CUSTOM else got.get("module") or _default_module(host, backend)
         if not module and backend != CUSTOM:
-            raise self.fail("module", "the simulated host only runs sglang; use backend = \"sglang\" or set "
-                            "module to a simulator module")
+            self.problems.append("module: the simulated host only runs sglang; use backend = \"sglang\" or set "
+                                 "module to a simulator module")
         port = got.get("port", DEFAULT_PORTS.get(backend, 0))
         if not 0 < port < 65536 and (backend != CUSTOM or "port" in got):
-            raise self.fail("port", f"expected 1-65535, got {port}")
+            self.problems.append(f"port: expected 1-65535, got {port}")
         python = got.get("python") or (sys.executable if host == "sim" else "python3")
         model = got.get("model", "")
         if host in ("local", "sim"):  # paths on this machine: ${VAR}, ${VAR:-default} and ~ expanded
-            python, model = self.expand_local("python", python), self.expand_local("model", model)
+            python = self.attempt(python, self.expand_local, "python", python)
+            model = self.attempt(model, self.expand_local, "model", model)
         sim_state = got.get("sim_state")
         own_toggles = self.toggles(got.get("toggles", {}), backend)
         ready_timeout = got.get("ready_timeout", 600)
-        if got.get("warm") and backend == CUSTOM:
-            raise self.fail("warm", "a custom command has no weight cache daemon tunedash knows; remove warm or use "
-                            "backend = \"sglang\" or \"vllm\"")
+        if got.get("warm") is True and backend == CUSTOM:
+            self.problems.append("warm: a custom command has no weight cache daemon tunedash knows; remove warm or use "
+                                 "backend = \"sglang\" or \"vllm\"")
         if ready_timeout < 1:
-            raise self.fail("ready_timeout", f"expected seconds to wait for READY (1 or more), got {ready_timeout}")
+            self.problems.append(f"ready_timeout: expected seconds to wait for READY (1 or more), got {ready_timeout}")
+        name = self.attempt("", self.name, got)
+        none: tuple[Any, ...] = ()
+        gpus = self.attempt(none, self.gpus, got["gpus"]) if "gpus" in got else _default_gpus(flags)
+        env = self.env(got.get("env", {}))
+        bench = self.bench(got.get("bench", {}))
+        script = self.attempt(none, self.strings, got, "script", backend)
+        extra_args = self.attempt(none, self.strings, got, "extra_args", backend)
+        if self.problems:
+            raise self.collected()
         return Profile(
-            name=self.name(got),
+            name=name,
             source=self.source,
             host=host,
             backend=backend,
             python=python,
             model=model,
             port=port,
-            gpus=self.gpus(got["gpus"]) if "gpus" in got else _default_gpus(flags),
-            env=self.env(got.get("env", {})),
+            gpus=gpus,
+            env=env,
             flags=flags,
             toggles=merge_toggles(default_toggles(backend), own_toggles),
             own_toggles=own_toggles,
             ready_timeout_s=float(ready_timeout),
-            bench=self.bench(got.get("bench", {})),
+            bench=bench,
             module=module,
             sim_state=self.sim_state(sim_state) if sim_state is not None else None,
             sim_version=got.get("sim_version", ""),
             sim_gpus=got.get("sim_gpus", ""),
             description=got.get("description", ""),
-            script=self.strings(got, "script", backend),
-            extra_args=self.strings(got, "extra_args", backend),
+            script=script,
+            extra_args=extra_args,
             warm=got.get("warm", False),
             **custom,
         )
+
+    def backend(self, data: Mapping[str, Any]) -> Backend:
+        if "backend" not in data:
+            raise self.fail("backend", "missing; every profile needs backend and model")
+        named = self.typed(data, "backend", str)
+        backend = one_of(named, BACKENDS)
+        if backend is None:
+            raise self.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {named!r}")
+        return backend
 
     def custom(self, got: Mapping[str, Any], backend: str) -> dict[str, Any]:
         """command, ready_regex and health_url of a custom profile (errors for the other backends)."""
@@ -239,11 +284,12 @@ class ProfileReader:
         return tuple(gpus)
 
     def env(self, env: dict[str, Any]) -> dict[str, str]:
+        """The [env] table; each bad entry is a problem of its own."""
         for key, value in env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise self.fail(f"env.{key}", "not a valid environment variable name")
-            if not isinstance(value, str):
-                raise self.fail(f"env.{key}", f"expected a string (quote it: \"{value}\"), got {_describe(value)}")
+                self.problems.append(f"env.{key}: not a valid environment variable name")
+            elif not isinstance(value, str):
+                self.problems.append(f"env.{key}: expected a string (quote it: \"{value}\"), got {_describe(value)}")
         return dict(env)
 
     def sim_state(self, raw: str) -> Path:
@@ -251,15 +297,20 @@ class ProfileReader:
         return path if path.is_absolute() else self.source.parent / path
 
     def flags(self, table: dict[str, Any], backend: str) -> dict[str, FlagValue]:
+        """The [flags] table; each bad flag is a problem of its own."""
         flags: dict[str, FlagValue] = {}
         for key, raw in table.items():
-            spec = self.flag_spec(backend, key, f"flags.{key}")
+            spec = self.attempt(None, self.flag_spec, backend, key, f"flags.{key}")
+            if spec is None:
+                continue
             if spec.name in flags:
-                raise self.fail(f"flags.{key}", f"--{spec.name} is set twice (under two spellings)")
+                self.problems.append(f"flags.{key}: --{spec.name} is set twice (under two spellings)")
+                continue
             try:
                 value = check_value(spec, raw)
             except FlagError as exc:
-                raise self.fail(f"flags.{key}", str(exc)) from None
+                self.problems.append(f"flags.{key}: {exc}")
+                continue
             if value is not False or spec.negatable:
                 flags[spec.name] = value
         return flags
@@ -280,13 +331,17 @@ class ProfileReader:
         for key, entry in table.items():
             where = f"toggles.{key}"
             if len(key) != 1 or not key.isprintable() or key.isspace():
-                raise self.fail(where, "a toggle's key is one character, e.g. [toggles.s]")
+                self.problems.append(f"{where}: a toggle's key is one character, e.g. [toggles.s]")
+                continue
             if entry is False:
                 own.append((key, None))
                 continue
             if not isinstance(entry, dict):
-                raise self.fail(where, f"expected a table (or false to remove it), got {_describe(entry)}")
-            own.append((key, self.toggle(key, entry, backend)))
+                self.problems.append(f"{where}: expected a table (or false to remove it), got {_describe(entry)}")
+                continue
+            made = self.attempt(None, self.toggle, key, entry, backend)
+            if made is not None:
+                own.append((key, made))
         return tuple(own)
 
     def toggle(self, key: str, entry: dict[str, Any], backend: str) -> Toggle:
@@ -353,28 +408,35 @@ class ProfileReader:
         return tuple(state)
 
     def bench(self, table: dict[str, Any]) -> BenchSettings:
+        """The [bench] table; each bad key is a problem of its own."""
         names = [f.name for f in fields(BenchSettings)]
-        self.unknown_keys(table, names, "bench.")
+        self.attempt(None, self.unknown_keys, table, names, "bench.")
         values: dict[str, Any] = {}
         for key in table:
-            if key == "endpoint":
-                endpoint = self.typed(table, key, str, "bench.")
-                if endpoint not in ENDPOINTS:
-                    raise self.fail("bench.endpoint", f"expected one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
-                values[key] = endpoint
+            if key not in names:
                 continue
-            if key in ("slo_ttft_ms", "slo_tpot_ms"):
-                slo = table[key]
-                if isinstance(slo, bool) or not isinstance(slo, int | float) or not 0 < slo < math.inf:
-                    raise self.fail(f"bench.{key}", f"expected a number of milliseconds above 0, got {_describe(slo)}")
-                values[key] = float(slo)
-                continue
-            number = self.typed(table, key, int, "bench.")
-            least = 0 if key in ("warmup", "seed") else 1
-            if number < least:
-                raise self.fail(f"bench.{key}", f"expected an integer >= {least}, got {number}")
-            values[key] = number
+            value = self.attempt(_MISSING, self.bench_value, table, key)
+            if value is not _MISSING:
+                values[key] = value
         return BenchSettings(**values)
+
+    def bench_value(self, table: Mapping[str, Any], key: str) -> Any:
+        """One [bench] key's value, checked."""
+        if key == "endpoint":
+            endpoint = self.typed(table, key, str, "bench.")
+            if endpoint not in ENDPOINTS:
+                raise self.fail("bench.endpoint", f"expected one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+            return endpoint
+        if key in ("slo_ttft_ms", "slo_tpot_ms"):
+            slo = table[key]
+            if isinstance(slo, bool) or not isinstance(slo, int | float) or not 0 < slo < math.inf:
+                raise self.fail(f"bench.{key}", f"expected a number of milliseconds above 0, got {_describe(slo)}")
+            return float(slo)
+        number = self.typed(table, key, int, "bench.")
+        least = 0 if key in ("warmup", "seed") else 1
+        if number < least:
+            raise self.fail(f"bench.{key}", f"expected an integer >= {least}, got {number}")
+        return number
 
 
 SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

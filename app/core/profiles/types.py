@@ -6,11 +6,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.data import Backend, FlagValue
+from app.core.errors import TunedashError
 from app.core.flags.toggles import Toggle
 
 
-class ProfileError(ValueError):
-    """A profile that cannot be used. The message names the file (or --set), the key and what to do."""
+class ProfileError(TunedashError, ValueError):
+    """A profile that cannot be used. The message names the file (or --set), the key and what to do; `problems`
+    holds each problem when the reader found several (app.core.profiles.schema reports them all at once)."""
+
+    title = "Bad profile"
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 @dataclass(frozen=True)

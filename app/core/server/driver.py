@@ -210,6 +210,7 @@ class DriverLock:
     async def _drop_beat(self) -> None:
         """Remove this session's heartbeat file (it does not hold the lock)."""
         if self._writing is not None and not self._writing.done():
+            # Only waiting for the write to end: its failure was already raised to the `_beat` that started it.
             with contextlib.suppress(Exception):
                 await self._writing
         try:

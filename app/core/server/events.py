@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.core import tasks
 from app.core.data import (
     ConnectionState,
     DecodeStats,
@@ -91,22 +92,9 @@ class LifecycleView:
         return self.fatal.text if self.fatal else "; ".join(self.last_lines[-3:])
 
 
-class Listeners:
-    """Who receives a publisher's LifecycleEvents: subscribe returns the function that unsubscribes."""
+class Listeners(tasks.Listeners[LifecycleEvent]):
+    """Who receives a publisher's LifecycleEvents: subscribe returns the function that unsubscribes; one listener
+    that raises is logged and the others still get the event (app.core.tasks.Listeners)."""
 
-    def __init__(self) -> None:
-        self._listeners: list[Callable[[LifecycleEvent], None]] = []
-
-    def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
-        """Receive every event from now on; call the returned function to stop."""
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
-
-    def emit(self, event: LifecycleEvent) -> None:
-        for listener in list(self._listeners):  # a listener may unsubscribe while it runs
-            listener(event)
+    def __init__(self, owner: str = "lifecycle", on_failure: Callable[[str], None] | None = None) -> None:
+        super().__init__(owner, on_failure)

@@ -272,6 +272,8 @@ async def load_job(host: Host, profile: Profile, *, report: Callable[[str], None
 class BadRecord(TunedashError):
     """A job record that cannot be read: the message (RecordRead.problem) names the file and what to do."""
 
+    title = "Unreadable job record"
+
     def __init__(self, problem: str) -> None:
         super().__init__(problem, Reason.BAD_INPUT)
 
@@ -279,6 +281,8 @@ class BadRecord(TunedashError):
 class StaleRecord(TunedashError):
     """A save from a holder whose record is out of date: the file holds another generation (someone else saved
     or launched since); it was not overwritten. `current` is what the file holds now."""
+
+    title = "Job record changed"
 
     def __init__(self, path: str, held: int, current: JobRecord | None) -> None:
         now = (f"it now names pid {current.pid} launched by {current.launched_by}, generation {current.generation}"

@@ -68,6 +68,7 @@ from app.core.server.release import (
 from app.core.server.states import LIVE_STATES, STARTING_STATES, phase_durations, state_after, telling_fatal
 from app.core.server.warm import WeightCacheJob, client_argv, warm_refusal
 from app.core.server.warm_state import WarmShare, WarmTracker
+from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
 from app.core.telemetry.smi import Telemetry
 
@@ -114,17 +115,16 @@ class ServerLifecycle:
         self.before_act: Callable[[str], Awaitable[None]] | None = None
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
-        self._listeners = Listeners()
+        # A listener or a background task that fails is said in the event log (and the `tunedash` logger).
+        self._listeners = Listeners(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
         self._watch_task: asyncio.Task[None] | None = None
         self._state_event = asyncio.Event()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskOwner(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
         self._record_writes: set[asyncio.Task[Any]] = set()  # close() lets these finish (RECORD_WRITE_WAIT_S)
-        host.subscribe_connection(self._on_connection)
+        self._unsubscribe_connection = host.subscribe_connection(self._on_connection)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], *, writes_record: bool = False) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task = self._tasks.spawn(coro)
         if writes_record:
             self._record_writes.add(task)
             task.add_done_callback(self._record_writes.discard)
@@ -354,13 +354,13 @@ class ServerLifecycle:
     def _start_watch(self, record: jobs.JobRecord, window: LogWindow | bool | None = None) -> None:
         if self._watch_task is not None:
             self._watch_task.cancel()
-        self._watch_task = asyncio.create_task(self._watch(record, window), name=f"watch {record.profile}")
+        self._watch_task = self._tasks.spawn(self._watch(record, window), f"watch {record.profile}")
 
     async def _watch(self, record: jobs.JobRecord, window: LogWindow | bool | None = None) -> None:
         """Follow the log (after replaying `window`, on an attach; False: the log is not followed) and poll the
         group's liveness until it is gone."""
         parser = LogParser(record.backend, ready_regex=self.profile.ready_regex or None)
-        follower = asyncio.create_task(self._follow_log(record, parser, window))
+        follower = self._tasks.spawn(self._follow_log(record, parser, window), f"follow {record.log_path}")
         if self.profile.health_url and not self.profile.ready_regex:
             self._spawn(self._poll_health_ready(record, follower))
         try:
@@ -520,8 +520,11 @@ class ServerLifecycle:
             self.health_ok = health.ok
             if not health.ok:
                 self._say(f"{url} did not confirm ready: {health.status or health.error}", "warning")
-        with contextlib.suppress(Exception):
+        try:
             await self._save(record)
+        except HostError as exc:  # the server is READY all the same; only the record does not say so yet
+            self._say(f"the job record of {self.profile.name} could not be written ({exc}): `tunedash status` and "
+                      "the fleet may not show it READY", "warning")
 
     async def _save(self, record: jobs.JobRecord, *, follow: bool = True) -> None:
         """Save `record`, a compare-and-swap on its generation (jobs.save_job). When another tunedash wrote a
@@ -712,13 +715,13 @@ class ServerLifecycle:
         return await self.wait_ready(ready_timeout_s)
 
     async def close(self) -> None:
-        """Stop watching. The server keeps running. A record write still under way (READY's outcome, ready time and
-        phase times; a crash) gets up to RECORD_WRITE_WAIT_S to land first: `tunedash launch --wait` ends right
-        after READY, and without it the record never said the server was ready (the fleet, `status`)."""
+        """Stop watching: unsubscribe from the host's connection events and cancel every task (the watch, the
+        log follower, a re-attach, a health poll). The server keeps running. A record write still under way
+        (READY's outcome, ready time and phase times; a crash) gets up to RECORD_WRITE_WAIT_S to land first:
+        `tunedash launch --wait` ends right after READY, and without it the record never said the server was
+        ready (the fleet, `status`)."""
+        self._unsubscribe_connection()
         if self._record_writes:
             await asyncio.wait(set(self._record_writes), timeout=RECORD_WRITE_WAIT_S)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
-            self._watch_task = None
+        await self._tasks.close()  # errors of the tasks were logged as they ended
+        self._watch_task = None

@@ -24,6 +24,8 @@ from app.core.telemetry.smi import Telemetry
 class LaunchRefused(TunedashError):
     """Launch did not start a server; the message says why and what to do, the reason says which case."""
 
+    title = "Launch refused"
+
     def __init__(self, message: str, reason: Reason, holders: tuple[Holder, ...] = ()) -> None:
         super().__init__(message, reason)
         self.holders = holders

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from app.core.data import EventLevel, GpuSnapshot
 from app.core.hosts.base import Host
 from app.core.server import jobs
+from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
 from app.core.telemetry.nvml import NvmlTelemetry
 from app.core.telemetry.smi import SmiTelemetry, Telemetry
@@ -55,7 +56,8 @@ class FreeWatch:
         self._check = check
         self._progress = progress
         self._close_sampler = close_sampler
-        self._task = asyncio.create_task(self._run())
+        self._tasks = TaskOwner("free watch")
+        self._task = self._tasks.spawn(self._run(), "samples")
 
     async def _run(self) -> None:
         async with contextlib.aclosing(self._sampler.stream(RELEASE_POLL_MS)) as snapshots:
@@ -67,9 +69,7 @@ class FreeWatch:
                     return
 
     async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        await self._tasks.close()  # a sampler that failed was logged as it ended
         if self._close_sampler:
             await self._sampler.close()
 

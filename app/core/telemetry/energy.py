@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.core.hosts.base import Host
+from app.core.tasks import TaskOwner
 from app.core.telemetry.nvml import EnergyCounters, NvmlTelemetry
 from app.core.telemetry.smi import SmiTelemetry
 
@@ -271,8 +272,7 @@ class NvmlEnergyMeter:
 
     async def close(self) -> None:
         """nvmlShutdown (NVML counts init/shutdown pairs: other NVML users keep working)."""
-        with contextlib.suppress(Exception):
-            await self._telemetry.close()
+        await self._telemetry.close()  # NvmlTelemetry.close never raises: a failed nvmlShutdown is logged there
 
     def reading(self, start: EnergyCounters | None, end: EnergyCounters, window_s: float) -> EnergyReading:
         """The window's energy from the counters read at its two edges."""
@@ -320,6 +320,7 @@ class SmiEnergyMeter:
         self._errors: list[str] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner("power.draw meter")
         self._started_at: float | None = None
 
     @property
@@ -340,7 +341,7 @@ class SmiEnergyMeter:
 
     async def start(self) -> None:
         """Start the stream and wait for its first sample, so the window's first edge lies between samples."""
-        self._task = asyncio.create_task(self._collect())
+        self._task = self._tasks.spawn(self._collect(), "samples")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._arrived.wait(), self._timeout_s)
         self._started_at = self._clock()
@@ -355,11 +356,8 @@ class SmiEnergyMeter:
             if all(s and s[-1][0] >= end for s in self._samples.values()):
                 break
             await asyncio.sleep(self.period_ms / 4000)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
-        with contextlib.suppress(Exception):
-            await self._telemetry.close()
+        await self._tasks.close()  # a sampler that failed was logged as it ended; the samples so far still count
+        await self._telemetry.close()
         return self.reading(self._started_at, end)
 
     def reading(self, start: float, end: float) -> EnergyReading:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from typing import Any
 
 from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
 from app.core.telemetry.smi_parse import FAILURE_HINTS
+
+log = logging.getLogger("tunedash")
 
 _MIB = 1024 * 1024
 _PROCESS_FUNCTIONS = (
@@ -204,8 +207,10 @@ class NvmlTelemetry:
             if self._initialised:
                 self._initialised = False
                 self._devices = None
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.to_thread(self._module().nvmlShutdown)
+                except Exception as exc:
+                    log.warning("nvmlShutdown failed: %s", exc)  # either way, nothing else is lost
 
     # ---- everything below runs in the worker thread -------------------------------------------------
 

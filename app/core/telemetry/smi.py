@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -56,6 +57,7 @@ from typing import Any, Protocol
 
 from app.core.data import GpuProcess, GpuSample, GpuSnapshot, TelemetryError
 from app.core.hosts.base import CommandResult, Host, HostError
+from app.core.tasks import TaskOwner
 from app.core.telemetry.nvml import NvmlTelemetry
 from app.core.telemetry.smi_parse import (
     GPU_FIELDS,
@@ -74,6 +76,8 @@ __all__ = ["NvmlTelemetry", "SmiTelemetry", "Telemetry", "snapshot_to_json", "te
 
 _EXIT = "\x00exit:"
 _STDERR = "\x00stderr:"
+
+log = logging.getLogger("tunedash")
 
 
 class Telemetry(Protocol):
@@ -124,6 +128,7 @@ class SmiTelemetry:
         self._clock = clock
         self._apps: _AppsReading | None = None
         self._apps_task: asyncio.Task[_AppsReading] | None = None
+        self._tasks = TaskOwner(f"nvidia-smi {host.name}")
         self._known_uuids: dict[int, str] = {}
 
     # ---- one-shot --------------------------------------------------------------------------------
@@ -278,8 +283,10 @@ class SmiTelemetry:
         finally:
             aclose = getattr(lines, "aclose", None)
             if aclose is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await aclose()
+                except (HostError, OSError) as exc:  # the loop is over either way; its end was said above
+                    log.warning("closing the nvidia-smi stream on %s: %s", self.host.name, exc)
         if pending:
             yield await self._tick(pending, skipped, period_ms)
             skipped = 0
@@ -307,7 +314,7 @@ class SmiTelemetry:
         now = self._clock()
         due = self._apps is None or now - self._apps.started_at >= self._apps_interval_s
         if self._apps_task is None and due:
-            self._apps_task = asyncio.create_task(self._query_apps(now))
+            self._apps_task = self._tasks.spawn(self._query_apps(now), "process list")
         task = self._apps_task
         if task is None:
             return
