@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from app.core.data import (
@@ -560,7 +560,9 @@ class ServerLifecycle:
         self._set_state(ServerState.KILLING)
         # Sample the GPUs from the signal on: the driver frees memory as the ranks exit, often before the
         # whole group is gone, so FREE can follow the group's exit at once instead of starting to look then.
-        watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
+        cache = self.weight_cache() if confirm_free and self.profile.gpus else None
+        daemon_pids = await cache.pids() if cache is not None else set()  # WARM is judged from the SIGTERM on
+        watch = self._watch_free(record, daemon_pids) if confirm_free and self.profile.gpus else None
         try:
             await terminate_group(self.host, record, self.grace_s, self._say)
         except BaseException as exc:
@@ -643,7 +645,7 @@ class ServerLifecycle:
             self._say(stuck_text(verdict, elapsed), "error")
         return verdict
 
-    def _watch_free(self, record: jobs.JobRecord | None) -> FreeWatch:
+    def _watch_free(self, record: jobs.JobRecord | None, daemon_pids: set[int] | None = None) -> FreeWatch:
         def progress(update: FreeProgress) -> None:
             self.last_free = update.verdict
             if self._warm_tracker is not None and self._warm_tracker.feed(update.verdict) is not None:
@@ -651,21 +653,25 @@ class ServerLifecycle:
             self._emit(update)
 
         baseline = record.baseline_mib if record else {}
-        self._warm_tracker = None
+        self._warm_tracker = self._new_warm_tracker(daemon_pids, baseline) if daemon_pids else None
         self._warm_seen = asyncio.Event()
         self._watch_baseline = baseline
         return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress)
 
+    def _new_warm_tracker(self, daemon_pids: set[int], baseline: Mapping[str, int]) -> WarmTracker:
+        limit = FreeCheck(tuple(self.profile.gpus), {int(k): v for k, v in baseline.items()}).limit
+        return WarmTracker(daemon_pids, limit)
+
     async def _wait_free_or_warm(self, watch: FreeWatch, timeout_s: float) -> tuple[FreeVerdict, float]:
         """wait_free, or WARM: only the weight cache daemon's pids still hold memory (app.core.server.warm_state)."""
-        cache = self.weight_cache()
-        pids = await cache.pids() if cache is not None else set()
-        if not pids:
-            return await wait_free(watch, timeout_s)
-        limit = FreeCheck(tuple(self.profile.gpus), {int(k): v for k, v in self._watch_baseline.items()}).limit
-        self._warm_tracker = WarmTracker(pids, limit)
-        if self.last_free is not None:
-            self._warm_tracker.feed(self.last_free)
+        if self._warm_tracker is None:  # a watch begun without the daemon's pids (confirm free on its own)
+            cache = self.weight_cache()
+            pids = await cache.pids() if cache is not None else set()
+            if not pids:
+                return await wait_free(watch, timeout_s)
+            self._warm_tracker = self._new_warm_tracker(pids, self._watch_baseline)
+            if self.last_free is not None and self._warm_tracker.feed(self.last_free) is not None:
+                self._warm_seen.set()
         waits = {asyncio.ensure_future(self._warm_seen.wait()), asyncio.ensure_future(watch.confirmed.wait())}
         try:
             with contextlib.suppress(TimeoutError):
