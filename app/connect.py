@@ -35,8 +35,11 @@ def host_for(profile: Profile) -> Host:
     """The host a profile names."""
     spec = profile.host
     if spec == "sim":
+        from app.sim.sim_nvml import SimNvml
+
         env = simulated_host_environment(profile)
-        return LocalHost("sim", extra_env=env, state_dir=str(Path(env["TUNEDASH_SIM_STATE"]) / "host"))
+        state = env["TUNEDASH_SIM_STATE"]
+        return LocalHost("sim", extra_env=env, state_dir=str(Path(state) / "host"), nvml=SimNvml(state))
     if spec == "local":
         check_no_sim_version(profile)
         return LocalHost("local")

@@ -17,6 +17,15 @@ nvidia-smi sampler and the in-process NVML one), the ratio FREE / driver free, a
 
 Run on a GPU host (needs torch and nvidia-ml-py):
     python3 bench/bench_release.py [--rounds 5] [--mib 8192] [--gpus 0] [--sources smi,nvml] [--json FILE]
+
+Without a GPU, `--sources sim,ssh` measures the same kill on the simulated host (profiles/demo), where the
+driver's release is known exactly (released.jsonl `released_at`): `sim` is the simulated host itself (the release
+watch reads it through its NVML-like reader), `ssh` the simulated host behind a loopback sshd (nvidia-smi's -lms
+stream and the process-list loop over one kept connection; needs /usr/sbin/sshd, as root). Each source runs
+--rounds "before" rounds (the watch as it was: nvidia-smi every 50 ms with a one-shot process list as often) and
+--rounds "after" rounds (release_sampler_for), interleaved, in one run. Per round: last release -> FREE, and the
+CPU seconds tunedash's process spent from the SIGTERM to FREE.
+    .venv/bin/python bench/bench_release.py --sources sim,ssh [--rounds 5]
 """
 
 from __future__ import annotations
@@ -77,6 +86,134 @@ def poll(gpus: list[int], period_ms: float, out: Path) -> None:
         time.sleep(period_ms / 1000)
     nv.nvmlShutdown()
     out.write_text(json.dumps({"samples": samples, "period_ms": period_ms, "changes": changes}))
+
+
+# ---- the simulated host: before and after in one run ----------------------------------------------------
+def legacy_sampler(host: Any, gpus: Any, telemetry: Any) -> Any:
+    """The release watch before issue 20: nvidia-smi every 50 ms, a one-shot process list as often."""
+    from app.core.server.release import ReleaseSampler
+    from app.core.telemetry.smi import SmiTelemetry
+
+    return ReleaseSampler(SmiTelemetry(host, gpus, apps_interval_s=0.05), 50, "smi-before")
+
+
+@dataclasses.dataclass
+class SimRound:
+    source: str
+    pace: str  # "before" | "after"
+    release_to_free_s: float
+    sigterm_to_free_s: float
+    cpu_s: float
+    watcher: str
+    samples: int
+
+
+async def sim_round(lifecycle: Any, state: Path, pace: str, source: str) -> SimRound:
+    from app.core.server import release
+    from app.sim.gpu_state import released_log
+
+    await lifecycle.launch()
+    ready = await lifecycle.wait_ready(60)
+    if ready != ServerState.READY:
+        raise SystemExit(f"the simulated server did not become ready ({ready.value})")
+    await asyncio.sleep(0.3)
+    record = lifecycle.record
+    pids = {p.pid for p in await lifecycle.host.processes() if p.pgid == record.pgid}
+    marks: dict[str, float] = {}
+    watchers: list[Any] = []
+
+    def listener(event: LifecycleEvent) -> None:
+        if isinstance(event, StateChanged):
+            marks.setdefault(event.state.value, event.at)
+
+    original = release.release_sampler_for
+    real_start = release.FreeWatch.__init__
+
+    def remember(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_start(self, *args, **kwargs)
+        watchers.append(self)
+
+    if pace == "before":
+        release.release_sampler_for = legacy_sampler  # type: ignore[assignment]
+    release.FreeWatch.__init__ = remember  # type: ignore[method-assign]
+    unsubscribe = lifecycle.subscribe(listener)
+    cpu = time.process_time()
+    try:
+        verdict = await lifecycle.kill(confirm_free=True)
+    finally:
+        release.release_sampler_for = original  # type: ignore[assignment]
+        release.FreeWatch.__init__ = real_start  # type: ignore[method-assign]
+        if callable(unsubscribe):
+            unsubscribe()
+    cpu = time.process_time() - cpu
+    if not (verdict and verdict.confirmed) or "FREE" not in marks:
+        raise SystemExit(f"the kill did not end FREE: {verdict}")
+    released = [r["released_at"] for r in released_log(state) if r["pid"] in pids]
+    watch = watchers[0]
+    return SimRound(source, pace, marks["FREE"] - max(released), marks["FREE"] - marks["KILLING"], cpu,
+                    watch.source, watch.samples)
+
+
+async def sim_rounds(source: str, rounds: int, work: Path) -> list[SimRound]:
+    from app.core.hosts.ssh import SshHost
+    from app.core.profiles.loading import resolve_profile
+    from app.sim.host_env import reset_state, sim_environment
+    from tests.helpers import free_port
+    from tests.integration.sshd import running_sshd
+    from tests.integration.test_ssh_cli import open_to_all
+
+    folder = work / source
+    folder.mkdir(parents=True)
+    state = reset_state(folder / "sim")
+    base = dataclasses.replace(resolve_profile("demo"), port=free_port(), sim_state=state, python=sys.executable,
+                               env={"TUNEDASH_SIM_STARTUP_S": "0.5"})
+    out: list[SimRound] = []
+    if source == "sim":
+        host = host_for(base)
+        lifecycle = ServerLifecycle(host, base, telemetry_for(host, "smi", tuple(base.gpus)))
+        for i in range(rounds * 2):
+            out.append(await sim_round(lifecycle, state, ("before", "after")[i % 2], source))
+        await lifecycle.close()
+        return out
+    open_to_all(folder)
+    with running_sshd() as server:
+        profile = dataclasses.replace(base, host=server.spec)
+        host = SshHost(server.spec, extra_env=sim_environment(state), state_dir=str(state / "host"),
+                       options=server.options())
+        lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", tuple(profile.gpus)))
+        try:
+            for i in range(rounds * 2):
+                out.append(await sim_round(lifecycle, state, ("before", "after")[i % 2], source))
+        finally:
+            await lifecycle.close()
+            await host.close()
+    return out
+
+
+def sim_main(sources: list[str], rounds: int, json_out: Path | None) -> int:
+    work = Path(tempfile.mkdtemp(prefix="bench_release-sim-"))
+    work.chmod(0o755)  # the SSH test user reaches the simulated state through it
+    results: list[SimRound] = []
+    for source in sources:
+        results += asyncio.run(sim_rounds(source, rounds, work))
+    for source in sources:
+        print(f"\n{source}: kill -> FREE on the simulated host ({rounds} rounds each, interleaved)")
+        medians = {}
+        for pace in ("before", "after"):
+            mine = [r for r in results if r.source == source and r.pace == pace]
+            free = [r.release_to_free_s for r in mine]
+            medians[pace] = statistics.median(free)
+            print(f"  {pace:6} ({mine[0].watcher:10}) last release -> FREE {spread(free)}")
+            print(f"  {'':6} {'':12} SIGTERM -> FREE      {spread([r.sigterm_to_free_s for r in mine])}")
+            cpu = [r.cpu_s for r in mine]
+            samples = [r.samples for r in mine]
+            print(f"  {'':6} {'':12} CPU SIGTERM -> FREE  median {statistics.median(cpu) * 1000:.0f} ms "
+                  f"(min {min(cpu) * 1000:.0f}, max {max(cpu) * 1000:.0f}); samples median "
+                  f"{statistics.median(samples):.0f}")
+        print(f"  after / before: {medians['after'] / medians['before']:.2f}x")
+    if json_out:
+        json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+    return 0
 
 
 # ---- the rounds ----------------------------------------------------------------------------------------
@@ -163,6 +300,9 @@ def main() -> int:
     if args.poll:
         poll([int(g) for g in args.gpus.split(",")], args.poll_ms, args.out)
         return 0
+    simulated = [s for s in args.sources.split(",") if s in ("sim", "ssh")]
+    if simulated:
+        return sim_main(simulated, args.rounds, args.json)
 
     gpus = list(load_profile(args.profile).gpus)
     work = Path(tempfile.mkdtemp(prefix="bench_release-"))
