@@ -38,6 +38,7 @@ class ServerView:
     fatal: str | None = None
     last_lines: tuple[str, ...] = ()
     holders: tuple[Holder, ...] = ()  # what still holds GPU memory (shown when the server is STUCK)
+    page_cache: str | None = None  # "weights: 41.2 GiB of 54.0 GiB in the page cache (76%, 11 files)"
 
 
 _STATE_CLASS = {
@@ -137,6 +138,7 @@ class ServerPanel(Widget):
         .server-state.-busy { color: $warning; }
         .server-state.-idle { color: $text-muted; }
         .server-phases { color: $text-muted; }
+        .server-pagecache { color: $text-muted; }
         .server-notices { color: $warning; }
         .server-fatal { color: $error; text-style: bold; }
         .server-lines { color: $text-muted; }
@@ -157,7 +159,7 @@ class ServerPanel(Widget):
     def compose(self) -> ComposeResult:
         """One Static per block; empty blocks are hidden."""
         yield Static("no server", classes="server-state -idle")
-        for name in ("identity", "phases", "notices", "fatal", "lines", "holders"):
+        for name in ("identity", "phases", "pagecache", "notices", "fatal", "lines", "holders"):
             yield Static(classes=f"server-{name} -empty", markup=False)
 
     @property
@@ -173,6 +175,7 @@ class ServerPanel(Widget):
             state.set_class(_STATE_CLASS.get(view.state, "-starting") == cls, cls)
         self._set("identity", identity_line(view))
         self._set("phases", phases_line(view))
+        self._set("pagecache", view.page_cache or "")
         notices = view.notices[-self.MAX_NOTICES :]
         self._set("notices", "\n".join(f"! {short_notice(n)}" for n in notices))
         crashed = view.state is ServerState.CRASHED

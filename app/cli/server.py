@@ -42,6 +42,7 @@ from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.status import inspect_job, status_to_json
+from app.core.telemetry.pagecache import page_cache_to_json, read_page_cache
 from app.core.telemetry.smi import snapshot_to_json, telemetry_for
 
 
@@ -184,6 +185,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     host = open_host(profile)
     report = await inspect_job(host, profile)
     data = status_to_json(report)
+    cache = await read_page_cache(host, profile.model)
+    data["page_cache"] = page_cache_to_json(cache)
     if args.json:
         say(json.dumps(data, indent=2))
     else:
@@ -193,6 +196,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 say(f"  {key}: {data[key]}")
         if data.get("phase_times"):
             say(f"  phases: {_phase_line(data['phase_times'])}")
+        say(f"  weights: {cache.describe()}")
         for name, value in sorted((data.get("flags") or {}).items()):
             say(f"  --{name} {value}")
         for notice in data.get("notices") or []:

@@ -32,10 +32,19 @@ from app.core.hosts.base import ConnectionChanged, Host, HostError
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
+from app.core.telemetry.pagecache import read_page_cache
 from app.tui.advisor import AdvisorKeys
 from app.tui.commands import FlagCommands, untuned_flag_message
 from app.tui.sigterm import exit_on_sigterm
-from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
+from app.tui.views import (
+    NO_GPUS,
+    connection_note,
+    latest_figures,
+    page_cache_line,
+    probe_note,
+    server_view,
+    toggle_rows,
+)
 from widgets import (
     ConfirmModal,
     DiffScreen,
@@ -53,6 +62,7 @@ from widgets import (
 )
 
 UI_PERIOD_S = 0.5
+PAGE_CACHE_PERIOD_S = 15.0  # how often the Server panel's page-cache line is read again
 """The UI pushes the Session's state at 2 Hz; a key does not wait for the tick, its action pushes what it changed
 at once (see _refresh_soon). Why 2 Hz: docs/decisions.md#ui-push-rate."""
 CHART_PERIOD_S = 2.0
@@ -165,6 +175,18 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self.session.subscribe(self._on_session_event)
         self.run_worker(self.session.start(), name="session start", exit_on_error=False)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
+        self._read_page_cache()
+        self.set_interval(PAGE_CACHE_PERIOD_S, self._read_page_cache)
+
+    _page_cache: str | None = None  # the Server panel's page-cache line (page_cache_line), None: no line
+
+    def _read_page_cache(self) -> None:
+        """The Server panel's page-cache line, read in a worker (mincore on this machine, one exec over SSH)."""
+        async def read() -> None:
+            cache = await read_page_cache(self.session.host, self.session.profile.model)
+            self._page_cache = page_cache_line(cache)
+
+        self.run_worker(read(), name="page cache", group="page-cache", exclusive=True, exit_on_error=False)
 
     def _rank_footer_keys(self) -> None:
         """Which keys the footer keeps when not all fit (80 columns keeps the first few), and their order; the rest
@@ -326,7 +348,7 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
 
     def _server_view(self, now_s: int) -> ServerView:
         """What the server panel shows; times on whole seconds of the wall clock (`now_s`, int(time.time()))."""
-        return server_view(self.session.view(), self.session.server_version, now_s)
+        return server_view(self.session.view(), self.session.server_version, now_s, self._page_cache)
 
     def _toggle_rows(self) -> list[ToggleRow]:
         return toggle_rows(self.session.profile, self.session.pending_flags)
