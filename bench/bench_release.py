@@ -292,6 +292,8 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=REPO / "profiles" / "gpu-hog.toml")
     parser.add_argument("--sources", default="smi,nvml")
     parser.add_argument("--poll-ms", type=float, default=5.0)
+    parser.add_argument("--apps-loops", type=int, default=None,
+                        help="sim/ssh: kept-open process-list loops of the 'after' watch (default: release's own)")
     parser.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     parser.add_argument("--poll", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpus", default="", help=argparse.SUPPRESS)
@@ -301,7 +303,10 @@ def main() -> int:
         poll([int(g) for g in args.gpus.split(",")], args.poll_ms, args.out)
         return 0
     simulated = [s for s in args.sources.split(",") if s in ("sim", "ssh")]
-    if simulated:
+    if simulated and args.apps_loops is not None:
+        from app.core.server import release
+
+        release.SMI_APPS_LOOPS = args.apps_loops
         return sim_main(simulated, args.rounds, args.json)
 
     gpus = list(load_profile(args.profile).gpus)
