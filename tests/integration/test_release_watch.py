@@ -8,6 +8,7 @@ cannot start falls back to nvidia-smi; nvidia-smi's process lists come from a ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -91,6 +92,27 @@ async def test_nvml_that_cannot_start_falls_back_to_nvidia_smi(
     assert seen and all(g.source == "smi" for g in seen[-1].gpus)
 
 
+class V1Only(SimNvml):
+    """A binding with no v2 memory call (drivers before ~R510): its `used` counts the driver's reserve."""
+
+    nvmlMemory_v2 = None  # type: ignore[assignment]
+
+
+async def test_nvml_with_only_v1_memory_gives_way_to_nvidia_smi(
+    make_profile: Callable[..., Path], sim_state: Path
+) -> None:
+    profile = load_profile(make_profile(startup_s=0.3))
+    sim = host_for(profile)
+    host = LocalHost("sim", extra_env=sim_environment(sim_state), state_dir=sim.state_dir,
+                     nvml=V1Only(str(sim_state)))
+    lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus))
+    seen = samples_of(lifecycle)
+    verdict = await launch_and_kill(lifecycle)
+    await lifecycle.close()
+    assert verdict is not None and verdict.confirmed  # v1's reserve (471 MiB here) would never read as free
+    assert seen and all(g.source == "smi" for g in seen[-1].gpus)
+
+
 def holder(sim_state: Path) -> subprocess.Popen[bytes]:
     """A process holding 2048 MiB on simulated GPU 0 until it is killed."""
     code = (
@@ -110,8 +132,8 @@ async def test_the_process_list_loop_sees_a_process_go(sim_state: Path, tmp_path
     seen: list[tuple[int | None, tuple[int, ...] | None, float | None]] = []
     killed_at = 0.0
     try:
-        async with asyncio.timeout(30):
-            async for snapshot in telemetry.stream(10):
+        async with asyncio.timeout(30), contextlib.aclosing(telemetry.stream(10)) as snapshots:
+            async for snapshot in snapshots:
                 gpu = snapshot.gpus[0] if snapshot.gpus else None
                 if gpu is None:
                     continue
@@ -121,12 +143,16 @@ async def test_the_process_list_loop_sees_a_process_go(sim_state: Path, tmp_path
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
                     killed_at = asyncio.get_running_loop().time()
-                if killed_at and pids == () and gpu.processes_taken_at and gpu.processes_taken_at > killed_at:
-                    break
+                after_kill = killed_at and gpu.processes_taken_at and gpu.processes_taken_at > killed_at
+                if after_kill and pids == () and gpu.memory_used_mib == 0:
+                    break  # a new list re-reads the last memory tick: memory shows until the next tick
     finally:
         await telemetry.close()
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
     used, pids, _ = seen[-1]
     assert used == 0 and pids == ()  # an empty run of the loop is "no process", not "not printed yet"
     assert any(p == (proc.pid,) for _, p, _ in seen)
