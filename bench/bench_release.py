@@ -12,7 +12,9 @@ memory.used and the compute-process list of the profile's GPUs, with wall-clock 
     lag            tunedash FREE - driver free
 
 It prints the median and range of each for every telemetry source (--sources smi,nvml: the CLI's
-nvidia-smi sampler and the in-process NVML one), the ratio FREE / driver free, and the manual habit
+nvidia-smi sampler and the in-process NVML one), each with the release watch as it was before issue 20
+("before": nvidia-smi every 50 ms, NVML every 100 ms) and as it is ("after": NVML every 5 ms on this machine,
+whichever the dashboard reads), --rounds of each, interleaved; the ratio FREE / driver free, and the manual habit
 `kill; sleep 3; nvidia-smi` (3 s plus one nvidia-smi call, timed in the same run) for comparison.
 
 Run on a GPU host (needs torch and nvidia-ml-py):
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import signal
@@ -40,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +94,29 @@ def poll(gpus: list[int], period_ms: float, out: Path) -> None:
 
 # ---- the simulated host: before and after in one run ----------------------------------------------------
 def legacy_sampler(host: Any, gpus: Any, telemetry: Any) -> Any:
-    """The release watch before issue 20: nvidia-smi every 50 ms, a one-shot process list as often."""
+    """The release watch before issue 20: nvidia-smi every 50 ms with a one-shot process list as often; NVML (the
+    CLI's --source nvml) at its 100 ms floor with a process list every 50 ms."""
     from app.core.server.release import ReleaseSampler
+    from app.core.telemetry.nvml import NvmlTelemetry
     from app.core.telemetry.smi import SmiTelemetry
 
+    if isinstance(telemetry, NvmlTelemetry):
+        return ReleaseSampler(NvmlTelemetry(telemetry.indices, process_interval_s=0.05), 50, "nvml-before")
     return ReleaseSampler(SmiTelemetry(host, gpus, apps_interval_s=0.05), 50, "smi-before")
+
+
+@contextlib.contextmanager
+def paced(pace: str) -> Iterator[None]:
+    """The release watch as it was ("before") or as it is ("after") for the kills inside."""
+    from app.core.server import release
+
+    original = release.release_sampler_for
+    if pace == "before":
+        release.release_sampler_for = legacy_sampler
+    try:
+        yield
+    finally:
+        release.release_sampler_for = original
 
 
 @dataclasses.dataclass
@@ -126,22 +148,19 @@ async def sim_round(lifecycle: Any, state: Path, pace: str, source: str) -> SimR
         if isinstance(event, StateChanged):
             marks.setdefault(event.state.value, event.at)
 
-    original = release.release_sampler_for
     real_start = release.FreeWatch.__init__
 
     def remember(self: Any, *args: Any, **kwargs: Any) -> None:
         real_start(self, *args, **kwargs)
         watchers.append(self)
 
-    if pace == "before":
-        release.release_sampler_for = legacy_sampler  # type: ignore[assignment]
     release.FreeWatch.__init__ = remember  # type: ignore[method-assign]
     unsubscribe = lifecycle.subscribe(listener)
     cpu = time.process_time()
     try:
-        verdict = await lifecycle.kill(confirm_free=True)
+        with paced(pace):
+            verdict = await lifecycle.kill(confirm_free=True)
     finally:
-        release.release_sampler_for = original  # type: ignore[assignment]
         release.FreeWatch.__init__ = real_start  # type: ignore[method-assign]
         if callable(unsubscribe):
             unsubscribe()
@@ -224,7 +243,7 @@ class Round:
     free_confirmed: bool
 
 
-async def one_round(profile_path: Path, mib: int, source: str, state_dir: str) -> Round:
+async def one_round(profile_path: Path, mib: int, source: str, state_dir: str, pace: str = "after") -> Round:
     profile = apply_overrides(load_profile(profile_path), [f"mib={mib}"], [])
     host = host_for(profile)
     host._state_dir = state_dir  # type: ignore[attr-defined]  # a private job folder for the bench
@@ -244,11 +263,12 @@ async def one_round(profile_path: Path, mib: int, source: str, state_dir: str) -
     await asyncio.sleep(1.0)  # the poller sees the loaded state
     for key in ("KILLING", "RELEASING", "FREE", "STUCK"):
         marks.pop(key, None)
-    verdict = await lifecycle.kill(confirm_free=True)
+    with paced(pace):
+        verdict = await lifecycle.kill(confirm_free=True)
     await lifecycle.close()
     await lifecycle.telemetry.close()
     await asyncio.sleep(0.5)
-    return Round(source, marks, bool(verdict and verdict.confirmed))
+    return Round(f"{source} {pace}", marks, bool(verdict and verdict.confirmed))
 
 
 def driver_times(changes: list[dict[str, Any]], gpus: list[int], after: float, baseline: dict[int, int]) -> tuple[
@@ -303,10 +323,11 @@ def main() -> int:
         poll([int(g) for g in args.gpus.split(",")], args.poll_ms, args.out)
         return 0
     simulated = [s for s in args.sources.split(",") if s in ("sim", "ssh")]
-    if simulated and args.apps_loops is not None:
-        from app.core.server import release
+    if simulated:
+        if args.apps_loops is not None:
+            from app.core.server import release
 
-        release.SMI_APPS_LOOPS = args.apps_loops
+            release.SMI_APPS_LOOPS = args.apps_loops
         return sim_main(simulated, args.rounds, args.json)
 
     gpus = list(load_profile(args.profile).gpus)
@@ -318,8 +339,9 @@ def main() -> int:
     rounds: list[Round] = []
     try:
         for source in args.sources.split(","):
-            for _ in range(args.rounds):
-                rounds.append(asyncio.run(one_round(args.profile, args.mib, source, str(work / "state"))))
+            for i in range(args.rounds * 2):  # the watch before and after issue 20, interleaved
+                pace = ("before", "after")[i % 2]
+                rounds.append(asyncio.run(one_round(args.profile, args.mib, source, str(work / "state"), pace)))
     finally:
         poller.send_signal(signal.SIGTERM)
         poller.wait(timeout=30)
@@ -331,7 +353,7 @@ def main() -> int:
           f"({polled['samples']} samples); idle baseline {baseline} MiB")
     report: dict[str, Any] = {"gpus": gpus, "mib": args.mib, "baseline_mib": baseline, "smi_call_s": smi_s,
                               "rounds": []}
-    for source in args.sources.split(","):
+    for source in [f"{s} {pace}" for s in args.sources.split(",") for pace in ("before", "after")]:
         figures: dict[str, list[float]] = {"group gone": [], "pid gone": [], "driver free": [], "tunedash FREE": [],
                                            "lag": []}
         for one in (r for r in rounds if r.source == source):
