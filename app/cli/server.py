@@ -196,7 +196,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 say(f"  {key}: {data[key]}")
         if data.get("phase_times"):
             say(f"  phases: {_phase_line(data['phase_times'])}")
-        say(f"  weights: {cache.describe()}")
+        if cache.fraction is not None or cache.model.startswith(("/", "~", ".")):  # not for a hub id
+            say(f"  weights: {cache.describe()}")
         for name, value in sorted((data.get("flags") or {}).items()):
             say(f"  --{name} {value}")
         for notice in data.get("notices") or []:
