@@ -13,10 +13,9 @@ import pytest
 
 from app.core.hosts.ssh import SshHost
 from app.core.telemetry.pagecache import read_page_cache
-from tests.integration.sshd import Sshd, ssh_tmp, sshd  # noqa: F401 - fixtures
+from tests.helpers import REPO
+from tests.integration.sshd import Sshd
 from tests.unit.test_pagecache import drop, model_folder
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def profile_for(tmp_path: Path, model: str) -> Path:
@@ -68,7 +67,7 @@ def test_prewarm_of_a_model_that_is_not_a_folder_says_why(tmp_path: Path) -> Non
 
 
 @pytest.mark.ssh
-async def test_the_page_cache_over_ssh_matches_the_local_reading(sshd: Sshd, ssh_tmp: Path) -> None:  # noqa: F811
+async def test_the_page_cache_over_ssh_matches_the_local_reading(sshd: Sshd, ssh_tmp: Path) -> None:
     folder = model_folder(ssh_tmp)
     for path in [folder, *folder.iterdir()]:
         path.chmod(0o755)
