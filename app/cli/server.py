@@ -27,6 +27,7 @@ from app.cli.common import (
     load_profile,
     open_host,
     say,
+    with_adopted_ok,
     with_take_over,
 )
 from app.core.data import ServerState
@@ -332,6 +333,7 @@ def register(sub: Any, with_overrides: Any) -> None:
     p = sub.add_parser("kill", help="SIGTERM, grace, SIGKILL the server's process group")
     p.add_argument("profile")
     with_take_over(p)
+    with_adopted_ok(p)
     p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
@@ -346,6 +348,7 @@ def register(sub: Any, with_overrides: Any) -> None:
     p = sub.add_parser("relaunch", help="kill -> confirm free -> launch -> ready, timing each phase")
     p.add_argument("profile")
     _launch_options(p, with_overrides)
+    with_adopted_ok(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for ready")
     p.add_argument("--grace", type=float, default=15.0)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
+from app.core.adopt.takeover import Adoption, watch_adopted
 from app.core.advisor.acceptance_watch import AcceptanceWatch, ReadingSource
 from app.core.data import (
     DecodeStats,
@@ -99,6 +100,7 @@ class Session:
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
         self.lifecycle.before_act = self._before_act
+        watch_adopted(self.lifecycle, self.note)  # no record of ours: a server started by hand runs this profile?
         self.snapshot: GpuSnapshot | None = None
         self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
         self.throughput: deque[ThroughputPoint] = deque(maxlen=4000)
@@ -195,6 +197,12 @@ class Session:
         return task
 
     @property
+    def adopted(self) -> Adoption | None:
+        """The server started by hand this session watches (until its kill), or None (docs/adopt.md)."""
+        adopted = self.lifecycle.adopted
+        return adopted if isinstance(adopted, Adoption) else None
+
+    @property
     def samples_gpus(self) -> bool:
         """Whether this session samples GPUs: not for a profile without GPUs (`gpus = []`, e.g. vLLM on CPU), whose
         host may have no nvidia-smi at all."""
@@ -221,7 +229,10 @@ class Session:
             self.profile = replace(self.profile, flags=dict(record.flags))
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
-            self._follow_server_log(record.log_path)
+            if record.log_path:
+                self._follow_server_log(record.log_path)
+            elif self.adopted is not None:
+                self.log_lines.append(f"({self.adopted.log_note})")
         await self._settle_driver()
         self._driver_settled.set()
         if record is None and self.autolaunch and not self.readonly:

@@ -33,6 +33,7 @@ from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.session import ReadOnlyError, Session
 from app.core.telemetry.pagecache import read_page_cache
+from app.tui.adopt_confirm import ask_adopted
 from app.tui.advisor import AdvisorKeys
 from app.tui.commands import FlagCommands, untuned_flag_message
 from app.tui.sigterm import exit_on_sigterm
@@ -470,6 +471,10 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self.query_one(GpuPanel).select(message.uuid)
 
     def action_relaunch(self) -> None:
+        adopted = self.session.adopted
+        if adopted is not None and not adopted.confirmed:  # a server started by hand: ask once (adopt_confirm)
+            ask_adopted(self, adopted, "relaunch", self.action_relaunch)
+            return
         life = self.session.view()
         if life.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
                           ServerState.STUCK) and life.record is None:
@@ -478,6 +483,10 @@ class TunedashApp(AdvisorKeys):  # the advisor key v (app/tui/advisor.py) over t
         self._command("relaunch", self.session.relaunch)
 
     def action_kill(self) -> None:
+        adopted = self.session.adopted
+        if adopted is not None and not adopted.confirmed:  # its question replaces the kill's
+            ask_adopted(self, adopted, "kill", lambda: self._command("kill", self.session.kill))
+            return
         record = self.session.view().record
         detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
 
