@@ -191,3 +191,42 @@ async def test_a_session_on_the_profile_of_a_server_tunedash_launched_elsewhere_
         assert any("launched by another tunedash" in e.text for e in session.events), list(session.events)
     finally:
         await session.stop()
+
+
+async def test_adopt_pid_writes_the_profile_and_opens_the_dashboard_on_the_running_server(
+        by_hand: HandStarted, sim_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tunedash adopt HOST --pid N`: the profile goes to adopted-N.toml in the user's profiles and the dashboard opens
+    on it, attached to the server (the same pid, never restarted); a server tunedash launched is attached to
+    through its own profile instead."""
+    import argparse
+
+    from app.cli.adopt import cmd_adopt
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    proc, _ = by_hand.sim()
+    host = tmp_path / "simhost.toml"
+    host.write_text(sim_profile_text(name="simhost", port=free_port(), sim_state=sim_state))
+    args = argparse.Namespace(host=str(host), pid=proc.pid, write=None, force=False, json=False, probe=False,
+                              open_ui=None)
+    assert await cmd_adopt(args) == 0
+    assert args.open_ui == str(tmp_path / "config" / "tunedash" / "profiles" / f"adopted-{proc.pid}.toml")
+    profile = load_profile(Path(args.open_ui))
+    assert profile.name == f"adopted-{proc.pid}"
+    app = create_app(profile, keymap_file=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: state_of(app) == ServerState.READY, 60, "READY",
+                    lambda: " | ".join(event_texts(app)))
+        assert app.session.adopted is not None and app.session.adopted.proof.pid == proc.pid
+    assert alive(proc.pid)  # closing the dashboard leaves it running
+    by_hand.kill_all()  # its GPUs free for the launch below
+
+    launched = tmp_path / "launched.toml"
+    launched.write_text(sim_profile_text(name="launched", port=free_port(), sim_state=sim_state))
+    assert tunedash("free", str(launched), "--timeout", "30").returncode == 0
+    assert tunedash("launch", str(launched), "--wait", "--timeout", "60").returncode == 0
+    record = await jobs.load_job(host_for(load_profile(launched)), load_profile(launched))
+    assert record is not None and record.pid is not None
+    args = argparse.Namespace(host=str(host), pid=record.pid, write=None, force=False, json=False, probe=False,
+                              open_ui=None)
+    assert await cmd_adopt(args) == 0
+    assert args.open_ui == str(launched.resolve())  # its own profile: `ui` attaches through its record
