@@ -118,7 +118,8 @@ def print_servers(servers: list[AdoptableServer], host_name: str, host_arg: str)
         if s.shares_gpus_with:
             say(f"{'':9}shares GPUs with pid {', '.join(map(str, s.shares_gpus_with))}: two servers on one GPU set")
     where = f" {host_arg}" if host_arg else ""
-    say(f"\nwrite one's profile: tunedash adopt{where} --pid PID --write FILE.toml")
+    say(f"\nthe dashboard on one, as it runs: tunedash adopt{where} --pid PID; only its profile: tunedash "
+        f"adopt{where} --pid PID --write FILE.toml")
 
 
 async def cmd_adopt(args: argparse.Namespace) -> int:
@@ -251,7 +252,8 @@ def _write(path: Path, text: str, force: bool) -> None:
 
 def register(sub: Any) -> None:
     """Add `adopt` to the `tunedash` subparsers (app.cli.main calls this)."""
-    p = sub.add_parser("adopt", help="list the SGLang/vLLM servers running on a host; write one's profile")
+    p = sub.add_parser("adopt", help="list the SGLang/vLLM servers running on a host; open the dashboard on one "
+                       "or write its profile")
     p.add_argument("host", nargs="?", help="this machine when omitted; sim, a profile, ssh://user@host:port or "
                    "an ~/.ssh/config alias")
     p.add_argument("--pid", type=int, help="one server: the dashboard on it (its profile written to "

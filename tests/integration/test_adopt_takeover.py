@@ -194,21 +194,25 @@ async def test_a_session_on_the_profile_of_a_server_tunedash_launched_elsewhere_
 
 
 async def test_adopt_pid_writes_the_profile_and_opens_the_dashboard_on_the_running_server(
-        by_hand: HandStarted, sim_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        by_hand: HandStarted, sim_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """`tunedash adopt HOST --pid N`: the profile goes to adopted-N.toml in the user's profiles and the dashboard opens
     on it, attached to the server (the same pid, never restarted); a server tunedash launched is attached to
     through its own profile instead."""
     import argparse
 
     from app.cli.adopt import cmd_adopt
+    from app.core.adopt.profile_text import AdoptError
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    proc, _ = by_hand.sim()
+    proc, _ = by_hand.sim("--mem-fraction-static", "0.4")
+    other, _ = by_hand.sim("--mem-fraction-static", "0.4")  # on the same two GPUs
     host = tmp_path / "simhost.toml"
     host.write_text(sim_profile_text(name="simhost", port=free_port(), sim_state=sim_state))
     args = argparse.Namespace(host=str(host), pid=proc.pid, write=None, force=False, json=False, probe=False,
                               open_ui=None)
     assert await cmd_adopt(args) == 0
+    assert f"note: pid {other.pid} uses some of the same GPUs" in capsys.readouterr().out
     assert args.open_ui == str(tmp_path / "config" / "tunedash" / "profiles" / f"adopted-{proc.pid}.toml")
     profile = load_profile(Path(args.open_ui))
     assert profile.name == f"adopted-{proc.pid}"
@@ -219,6 +223,9 @@ async def test_adopt_pid_writes_the_profile_and_opens_the_dashboard_on_the_runni
         assert app.session.adopted is not None and app.session.adopted.proof.pid == proc.pid
     assert alive(proc.pid)  # closing the dashboard leaves it running
     by_hand.kill_all()  # its GPUs free for the launch below
+    with pytest.raises(AdoptError, match=f"pid {proc.pid}: no such process on sim"):  # exited since the listing
+        await cmd_adopt(argparse.Namespace(host=str(host), pid=proc.pid, write=None, force=False, json=False,
+                                           probe=False, open_ui=None))
 
     launched = tmp_path / "launched.toml"
     launched.write_text(sim_profile_text(name="launched", port=free_port(), sim_state=sim_state))
@@ -230,3 +237,46 @@ async def test_adopt_pid_writes_the_profile_and_opens_the_dashboard_on_the_runni
                               open_ui=None)
     assert await cmd_adopt(args) == 0
     assert args.open_ui == str(launched.resolve())  # its own profile: `ui` attaches through its record
+
+
+def started_to_a_terminal(by_hand: HandStarted) -> tuple[int, list[str]]:
+    """The simulated SGLang with its stdout where no file is (here /dev/null, as a tty would be): READY by /health."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from app.sim.host_env import sim_environment
+
+    port = free_port()
+    argv = [sys.executable, "-m", "app.sim.sglang", "--model-path", "sim/qwen3.6-27b", "--port", str(port),
+            "--tp-size", "2"]
+    env = {**os.environ, **sim_environment(by_hand.sim_state), "TUNEDASH_SIM_STARTUP_S": "0.4",
+           "CUDA_VISIBLE_DEVICES": "0,1"}
+    proc = by_hand.reaper.start(argv, env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return proc.pid, argv
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the simulated server did not start"
+        time.sleep(0.2)
+
+
+async def test_a_server_whose_log_is_not_a_file_says_so_in_the_server_panel(by_hand: HandStarted, sim_state: Path,
+                                                                            tmp_path: Path) -> None:
+    pid, _ = started_to_a_terminal(by_hand)
+    profile = written(tmp_path, sim_state, pid)
+    app = create_app(profile, keymap_file=None)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: state_of(app) == ServerState.READY, 60, "READY by its health URL",
+                    lambda: " | ".join(event_texts(app)))
+        note = f"the log of pid {pid} is not visible (its stdout goes to /dev/null); a relaunch under tunedash"
+        assert any(n.text.startswith(note) for n in app.session.lifecycle.notices)
+        assert any(line.startswith(f"({note}") for line in app.session.log_lines)
+        await until(pilot, lambda: f"! the log of pid {pid} is not visible" in screen_text(app), 10,
+                    "the Server panel's notice")
+    assert alive(pid)
