@@ -170,6 +170,12 @@ async def _one(args: argparse.Namespace, host: Host, host_spec: str, customs: li
             return EXIT_OK
         raise AdoptError(f"pid {pid} on {host.name} was launched by tunedash ({where}): it has a profile already; "
                          f"`tunedash ui {server.record.profile_file if server.record else 'PROFILE'}` attaches to it")
+    if not args.write:  # who else uses its GPUs: the servers there now, as the listing finds them
+        from app.core.adopt.details import attach_gpus
+
+        around = [s for s in await read_processes(host, custom_commands=[(p.name, p.command) for p in customs])
+                  if s.pid != pid]
+        await attach_gpus(host, [server, *around])
     if server.shares_gpus_with and not args.write:
         say(f"note: pid {', '.join(map(str, server.shares_gpus_with))} uses some of the same GPUs: a relaunch of "
             f"pid {pid} finds them held")

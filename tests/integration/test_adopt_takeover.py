@@ -205,8 +205,8 @@ async def test_adopt_pid_writes_the_profile_and_opens_the_dashboard_on_the_runni
     from app.core.adopt.profile_text import AdoptError
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    proc, _ = by_hand.sim("--mem-fraction-static", "0.4")
-    other, _ = by_hand.sim("--mem-fraction-static", "0.4")  # on the same two GPUs
+    proc, _ = by_hand.sim("--mem-fraction-static", "0.4", model="sim/llama-3.1-8b")
+    other, _ = by_hand.sim("--mem-fraction-static", "0.4", model="sim/llama-3.1-8b")  # on the same two GPUs
     host = tmp_path / "simhost.toml"
     host.write_text(sim_profile_text(name="simhost", port=free_port(), sim_state=sim_state))
     args = argparse.Namespace(host=str(host), pid=proc.pid, write=None, force=False, json=False, probe=False,
