@@ -284,9 +284,14 @@ def watch_adopted(lifecycle: ServerLifecycle, say: Callable[[str, EventLevel], N
         if adoption is not None:
             adoption.confirmed = confirmed
             p = adoption.proof
+            if adoption.refusal:
+                how = f"never signalled ({adoption.refusal})"
+            elif confirmed:
+                how = "--adopted-ok: it is stopped only once proven unchanged"
+            else:
+                how = "the first r or k asks before it is signalled (headless: --adopted-ok)"
             say(f"adopted pid {p.pid} (user {p.user}, started {stamp(adoption.server.started_at)}), started by hand: "
-                + (f"never signalled ({adoption.refusal})" if adoption.refusal else
-                   "the first r or k asks before it is signalled"), "warning" if adoption.refusal else "info")
+                f"{how}", "warning" if adoption.refusal else "info")
         return adoption
 
     lifecycle.find_adopted = find
