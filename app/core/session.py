@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 
 from app.core.adopt.takeover import Adoption, watch_adopted
 from app.core.advisor.acceptance_watch import AcceptanceWatch, ReadingSource
+from app.core.command import KILL, BeforeCommand, CommandSlot
 from app.core.data import (
     DecodeStats,
     EventLevel,
@@ -54,7 +56,6 @@ from app.core.server.events import (
     StateChanged,
 )
 from app.core.server.lifecycle import ServerLifecycle
-from app.core.server.preflight import LaunchRefused
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
 from app.core.telemetry.smi import Telemetry, telemetry_for
@@ -111,13 +112,15 @@ class Session:
         self.probe_wanted = probe
         self.probe_status: ProbeStatus | None = None  # the probe's last state (running, failing, stopped)
         self.autolaunch = autolaunch and not self.readonly
-        self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
+        self.command = CommandSlot(self.note)  # the one command in progress: name, progress, cancel
+        # awaited before every command begins; raises CommandRefused to stop it unsaid-to-the-server (a mode that
+        # must ask the person first, e.g. before the first kill of a server tunedash did not launch)
+        self.before_command: BeforeCommand | None = None
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
         self._listeners = Listeners()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
-        self._command_task: asyncio.Task[None] | None = None
         # /metrics and the installed server's flags (app.core.measure.metrics, app.core.flags.discovery)
         self.metrics_period_s = 2.0
         self.last_metrics: MetricsRate | None = None
@@ -134,8 +137,10 @@ class Session:
         return self._listeners.subscribe(listener)
 
     def view(self) -> LifecycleView:
-        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read."""
-        return self.lifecycle.view()
+        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read. Its job record is a
+        copy: the lifecycle keeps writing its own (state, phase times) while a screen holds this one."""
+        view = self.lifecycle.view()
+        return view if view.record is None else replace(view, record=copy.deepcopy(view.record))
 
     def note(self, text: str, level: EventLevel = "info") -> None:
         """A line in the event log (the session's own, and the advisor's findings and what was applied)."""
@@ -283,7 +288,7 @@ class Session:
                         await self._read_driver()
                         self.changed.set()
                 else:
-                    if self._command_task is None or self._command_task.done():
+                    if not self.command.running:
                         await self.lifecycle.follow_record()  # the driver launched another server: show that one
                     if await self._read_driver() is None and not (self.watch_only or self.watching):
                         verdict = await self.driver.acquire(take_over=False)
@@ -328,7 +333,8 @@ class Session:
         if self._stopped:
             return
         self._stopped = True
-        for task in [self._telemetry_task, self._probe_task, self._metrics_task, self._command_task, *self._tasks]:
+        self.command.stop()
+        for task in [self._telemetry_task, self._probe_task, self._metrics_task, *self._tasks]:
             if task is not None:
                 task.cancel()
         await self.lifecycle.close()
@@ -484,7 +490,8 @@ class Session:
             self.note(f"{found.describe()}: keys render this version's flags ({keys})")
         message = rejection_message(found, self.pending_flags, str(self.profile.source))
         if message:
-            self.note(message.replace("; nothing was launched or killed", "; r refuses to launch it"), "warning")
+            self.note(message.replace("; nothing was launched or killed", "; a relaunch refuses to launch it"),
+                      "warning")
 
     # ---- pending flags ---------------------------------------------------------------------------
     @property
@@ -539,40 +546,35 @@ class Session:
         ]
         return ", ".join(parts) or "no change"
 
-    # ---- commands --------------------------------------------------------------------------------
+    # ---- commands ----------------------------------------------------------------------------------
     def _guard(self, what: str) -> None:
         if self.readonly:
             raise ReadOnlyError(f"read-only session: {what} is disabled")
 
-    def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
-        """Run one command at a time in the background; False when another is still running. A kill is the
-        exception: it cancels the command in progress (a relaunch waiting for a server that never gets
-        ready) and then kills."""
-        self._guard(name)
-        previous = self._command_task if self._command_task is not None and not self._command_task.done() else None
-        if previous is not None and name != "kill":
-            self.note(f"{self.busy} still in progress; {name} ignored (k kills and cancels it)", "warning")
-            return False
+    @property
+    def busy(self) -> str | None:
+        """The name of the command in progress ("relaunch", "A/B", ...), or None (the header's note)."""
+        current = self.command.current
+        return current.name if current is not None else None
 
-        async def runner() -> None:
-            if previous is not None:
-                self.note(f"{name}: cancelling the {self.busy} in progress", "warning")
-                previous.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await previous
-            self.busy = name
-            try:
-                await coro_factory()
-            except LaunchRefused as refused:
-                self.note(str(refused), "error")
-            except Exception as exc:  # shown to the user, never swallowed silently
-                self.note(f"{name} failed: {exc}", "error")
-            finally:
-                self.busy = None
-                self.changed.set()
+    def command_refusal(self, name: str) -> str | None:
+        """Why command `name` may not start now (another one runs), or None; a kill is never refused here: it
+        cancels the command in progress first."""
+        return None if name == KILL else self.command.refusal(name)
 
-        self._command_task = asyncio.create_task(runner())
-        return True
+    def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]], *,
+                    signals: bool = True) -> asyncio.Task[None] | None:
+        """Start `name` in the one command slot (app.core.command.CommandSlot); None when another command runs (the
+        event log says which). A kill is the exception: it cancels the command in progress (a relaunch waiting for a
+        server that never gets ready, an A/B) and then kills. A command that `signals` (or launches) is refused in a
+        read-only session (ReadOnlyError); a benchmark only loads the server."""
+        if signals:
+            self._guard(name)
+        refused = self.command_refusal(name)
+        if refused:
+            self.note(f"{refused} (a kill cancels it)", "warning")
+            return None
+        return self.command.start(name, coro_factory, before=self.before_command)
 
     async def launch(self) -> None:
         self._guard("launch")
@@ -604,7 +606,7 @@ class Session:
         if state == ServerState.READY:
             self.note(launch_summary(change, self.lifecycle.phase_times))
         elif state in STARTING_STATES:
-            self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
+            self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: a kill stops it, "
                        f"`ready_timeout` in {new_profile.source} waits longer", "warning")
         return state
 
