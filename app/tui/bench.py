@@ -105,19 +105,19 @@ class RunScreen(Screen[None]):
         self.signals = signals  # whether it relaunches (refused in a read-only session)
         self.job = job
         self.worker: Worker[Any] | None = None  # follows the command; finished when the command ended
-        self._task: asyncio.Task[None] | None = None
+        self._run_task: asyncio.Task[None] | None = None
 
     def on_mount(self) -> None:
         session = self.dashboard.session
         try:
-            self._task = session.run_command(self.command, self._run, signals=self.signals)
+            self._run_task = session.run_command(self.command, self._run, signals=self.signals)
         except ReadOnlyError as exc:
             self.say(str(exc))
             return
-        if self._task is None:
+        if self._run_task is None:
             self.say(session.command_refusal(self.command) or f"{self.command} refused")
             return
-        self.worker = self.run_worker(self._follow(self._task), name="measure", exit_on_error=False)
+        self.worker = self.run_worker(self._follow(self._run_task), name="measure", exit_on_error=False)
 
     async def _run(self) -> None:
         try:
@@ -134,7 +134,7 @@ class RunScreen(Screen[None]):
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._run_task is not None and not self._run_task.done()
 
     def on_key(self, event: events.Key) -> None:
         """A dashboard key that would start another command while this one runs: say why it does not."""
@@ -172,8 +172,8 @@ class RunScreen(Screen[None]):
         plots.show(view)
 
     def action_close(self) -> None:
-        if self._task is not None and self.running:
-            self._task.cancel()  # the command slot's task: the slot is free once it has ended
+        if self._run_task is not None and self.running:
+            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
             self.say("cancelling… (finished trials are kept)")
             return
         self.dismiss(None)
