@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from textual.app import ComposeResult
+from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -120,7 +121,9 @@ def holders_text(holders: tuple[Holder, ...]) -> str:
 class ServerPanel(Widget):
     """The server: state, identity, launch phases, notices, and the crash or stuck details.
 
-    Call `update(view, now)` when the view changes and `tick(now)` to refresh the time in state.
+    Set `data = (view, now)` (a frozen ServerView and whole seconds of the wall clock) as often as you like: the
+    panel redraws only when it differs from the last (a reactive, as Textual's Sparkline holds its data);
+    `update(view, now)` shows one at once and `tick(now)` refreshes the time in state.
     The state line carries a CSS class: -good (READY), -bad (CRASHED, STUCK), -busy (KILLING,
     RELEASING), -idle (FREE, STOPPED), -starting (the rest).
     """
@@ -147,6 +150,9 @@ class ServerPanel(Widget):
     }
     """
 
+    data: reactive[tuple[ServerView, float] | None] = reactive(None, layout=False, repaint=False, init=False)
+    """What the panel shows: (view, now); a value equal to the last one changes nothing."""
+
     MAX_NOTICES = 3
     """How many of the latest notices are shown."""
 
@@ -161,6 +167,10 @@ class ServerPanel(Widget):
         yield Static("no server", classes="server-state -idle")
         for name in ("identity", "phases", "pagecache", "notices", "fatal", "lines", "holders"):
             yield Static(classes=f"server-{name} -empty", markup=False)
+
+    def watch_data(self, data: tuple[ServerView, float] | None) -> None:
+        if data is not None:
+            self.update(*data)
 
     @property
     def view(self) -> ServerView | None:

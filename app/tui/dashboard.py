@@ -39,7 +39,7 @@ from app.core.data import ServerState, printable
 from app.core.flags.catalog import is_tuning_flag
 from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.profiles.types import Profile
-from app.core.server.events import ActionLogged, LifecycleEvent, StateChanged
+from app.core.server.events import ActionLogged, LifecycleEvent, LifecycleView, StateChanged
 from app.core.session import ReadOnlyError, Session
 from app.tui import advisor, bench
 from app.tui.commands import untuned_flag_message
@@ -55,7 +55,6 @@ from widgets import (
     KeyFooter,
     LogViewScreen,
     ServerPanel,
-    ServerView,
     ThroughputChart,
     ToggleRow,
 )
@@ -157,10 +156,7 @@ class DashboardScreen(Screen[None]):
         self.fleet = back_to_fleet is not None  # opened from `tunedash fleet`: Escape goes back to it
         self._back_to_fleet = back_to_fleet
         self.baseline: Profile | None = None  # B: the config an A/B compares the pending flags against
-        self._pushed_snapshot: object = None  # what was last pushed to the widgets (see refresh_view)
-        self._chart_key: object = None
-        self._pushed_server: object = None  # the (ServerView, now) and toggle rows last pushed: unchanged, not pushed
-        self._pushed_rows: list[ToggleRow] | None = None
+        self._pushed_snapshot: object = None  # the GPU snapshot last shown (a new one replaces it, else the ages)
         self._figures_key: object = None
         self._figures = ""
         self._connection_state: str | None = None  # the last connection state toasted
@@ -223,8 +219,9 @@ class DashboardScreen(Screen[None]):
         if isinstance(event, ActionLogged):
             self.query_one(EventLog).extend([EventEntry(event.at, printable(event.text), event.level)])
         elif isinstance(event, StateChanged):
-            self._push_server(int(time.time()))
-            self._gate()
+            life = self.session.view()
+            self._push_server(life, int(time.time()))
+            self._gate(life)
         elif isinstance(event, ConnectionChanged):
             self._on_connection(event)
 
@@ -247,11 +244,11 @@ class DashboardScreen(Screen[None]):
         self.notify(event.detail or f"connection {event.state}", title=f"{event.host}: connection {event.state}",
                     severity=severity, timeout=6 if event.state == "connected" else 10)
 
-    def _gate(self) -> None:
+    def _gate(self, life: LifecycleView | None = None) -> None:
         """Ask check_action again (the footer and the palette) when what its answers depend on changed."""
         session = self.session
-        gates = (session.readonly, self.watching_only, session.probe_wanted, session.busy,
-                 session.view().state == ServerState.READY)
+        state = (life or session.view()).state
+        gates = (session.readonly, self.watching_only, session.probe_wanted, session.busy, state == ServerState.READY)
         if gates != self._gates:
             self._gates = gates
             self.refresh_bindings()
@@ -265,10 +262,10 @@ class DashboardScreen(Screen[None]):
             pass  # a tick while the app shuts down, after the dashboard's widgets (or screens) are gone
 
     def _refresh_view(self) -> None:
-        """Push only what changed since the last push: a new GPU snapshot (else just the rows' ages), the
-        chart's series when its length, newest point or markers changed, the chart's figures line when the
-        series or the state changed or once a second (its 30 s window moves). Widgets diff their own cells;
-        nothing here copies the 4000-point series unless it changed."""
+        """Push the clock-driven state: a new GPU snapshot (else just the rows' ages), the server panel's and the
+        flags panel's views (reactive: a view equal to the last one redraws nothing), the chart's series (the chart
+        stores it only when it changed), and the chart's figures line when the state changed or every
+        CHART_PERIOD_S (its 30 s window moves). Widgets diff their own cells."""
         if not self.is_current:
             self._feed_log_screen()
             return
@@ -282,21 +279,16 @@ class DashboardScreen(Screen[None]):
                 gpus.update(session.snapshot, time.monotonic(), period_s)
             else:
                 gpus.set_ages(time.monotonic(), period_s)
+            life = session.view()
             # on whole wall-clock seconds: the panel's ages change together, once a second (format_duration)
-            self._push_server(int(now_wall))
-            rows = self._toggle_rows()
-            if rows != self._pushed_rows:
-                self._pushed_rows = rows
-                self.query_one(FlagsPanel).update(rows)
-            self._push_chart(now_wall)
+            self._push_server(life, int(now_wall))
+            self.query_one(FlagsPanel).data = tuple(self._toggle_rows())
+            self._push_chart(life, now_wall)
             self._push_header(now_wall)
-            self._gate()
+            self._gate(life)
 
-    def _push_server(self, now_s: int) -> None:
-        server = (self._server_view(now_s), now_s)
-        if server != self._pushed_server:
-            self._pushed_server = server
-            self.query_one(ServerPanel).update(*server)
+    def _push_server(self, life: LifecycleView, now_s: int) -> None:
+        self.query_one(ServerPanel).data = (server_view(life, self.session.server_version, now_s), now_s)
 
     def _push_header(self, now_wall: float | None = None) -> None:
         session, app = self.session, self.app
@@ -309,18 +301,13 @@ class DashboardScreen(Screen[None]):
         accept = f" · {alarm.header()}" if alarm is not None else ""
         app.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
 
-    def _push_chart(self, now_wall: float) -> None:
-        session = self.session
-        points, markers = session.throughput, session.markers
-        key = (len(points), points[-1] if points else None, len(markers), markers[-1] if markers else None)
+    def _push_chart(self, life: LifecycleView, now_wall: float) -> None:
+        points = self.session.throughput
         chart = self.query_one(ThroughputChart)
-        if key != self._chart_key:
-            self._chart_key = key
-            chart.update(list(points), now_wall, list(markers), version=key)
+        chart.follow(points, now_wall, self.session.markers)
         # The chart's redraws (a replot and the figures line) happen together every CHART_PERIOD_S, in the first tick
         # of a wall-clock second, where the server panel's ages change too: one screen update carries them all
         # (changes in separate ticks cost a screen update each, and a redraw of the chart's region).
-        life = session.view()
         figures_key = (life.state, life.since, int(now_wall // CHART_PERIOD_S))
         if figures_key != self._figures_key:
             chart.flush()
@@ -334,14 +321,9 @@ class DashboardScreen(Screen[None]):
     def push_flags(self) -> None:
         """The Flags panel now (a key or the advisor changed the pending flags)."""
         try:
-            self._pushed_rows = self._toggle_rows()
-            self.query_one(FlagsPanel).update(self._pushed_rows)
+            self.query_one(FlagsPanel).data = tuple(self._toggle_rows())
         except NoMatches:
             pass
-
-    def _server_view(self, now_s: int) -> ServerView:
-        """What the server panel shows; times on whole seconds of the wall clock (`now_s`, int(time.time()))."""
-        return server_view(self.session.view(), self.session.server_version, now_s)
 
     def _toggle_rows(self) -> list[ToggleRow]:
         return toggle_rows(self.session.profile, self.session.pending_flags)
