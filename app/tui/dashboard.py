@@ -35,7 +35,7 @@ from textual.screen import Screen
 from textual.widgets import Header
 
 from app.core.command import CommandView
-from app.core.data import ServerState, printable
+from app.core.data import GpuSnapshot, ServerState, printable
 from app.core.flags.catalog import is_tuning_flag
 from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.profiles.types import Profile
@@ -99,11 +99,14 @@ class DashboardCommand:
 
 
 class SessionMessage(Message):
-    """A Session event (an event log line, a state change, a connection change), delivered on the app's loop."""
+    """A Session event (an event log line, a state change, a connection change), delivered on the app's loop, with
+    the GPU snapshot the Session held when it happened (frozen): a connection's loss is shown over the last sample
+    from before it, even when the error's own snapshot has replaced it by the time the message is handled."""
 
-    def __init__(self, event: LifecycleEvent) -> None:
+    def __init__(self, event: LifecycleEvent, snapshot: GpuSnapshot | None = None) -> None:
         super().__init__()
         self.event = event
+        self.snapshot = snapshot
 
 
 class CommandMessage(Message):
@@ -209,7 +212,7 @@ class DashboardScreen(Screen[None]):
     def _on_session_event(self, event: LifecycleEvent) -> None:
         """The Session's listener: called inside the core's code, so it only posts (never touches a widget)."""
         if isinstance(event, POSTED):
-            self.post_message(SessionMessage(event))
+            self.post_message(SessionMessage(event, self.session.snapshot))
 
     def _on_command(self, command: CommandView | None) -> None:
         self.post_message(CommandMessage(command))
@@ -223,20 +226,25 @@ class DashboardScreen(Screen[None]):
             self._push_server(life, int(time.time()))
             self._gate(life)
         elif isinstance(event, ConnectionChanged):
-            self._on_connection(event)
+            self._on_connection(event, message.snapshot)
 
     def on_command_message(self, message: CommandMessage) -> None:
         self._push_header()
         self._gate()
 
-    def _on_connection(self, event: ConnectionChanged) -> None:
+    def _on_connection(self, event: ConnectionChanged, before: GpuSnapshot | None) -> None:
         """A toast on each change of a remote host's connection state (the header says the state until it is
         connected again; the event log has the details)."""
         if event.state == self._connection_state:
             return
         first = self._connection_state is None
         self._connection_state = event.state
-        self._push_header()
+        if before is not None and before.gpus and before is not self._pushed_snapshot and self.is_current:
+            # the last sample from before a loss: its rows stay, and go stale with their age
+            self._pushed_snapshot = before
+            period_s = max(self.session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
+            self.query_one(GpuPanel).update(before, time.monotonic(), period_s)
+        self.refresh_view()
         if first and event.state == "connected":
             return  # the first connection of a session is no news
         severity: SeverityLevel = ("information" if event.state == "connected"
