@@ -113,8 +113,8 @@ class Session:
         self.probe_status: ProbeStatus | None = None  # the probe's last state (running, failing, stopped)
         self.autolaunch = autolaunch and not self.readonly
         self.command = CommandSlot(self.note)  # the one command in progress: name, progress, cancel
-        # awaited before every command begins; raises CommandRefused to stop it unsaid-to-the-server (a mode that
-        # must ask the person first, e.g. before the first kill of a server tunedash did not launch)
+        # awaited before every command begins: raises CommandRefused to stop it before anything is signalled (a mode
+        # that must ask the person first, e.g. before the first kill of a server tunedash did not launch)
         self.before_command: BeforeCommand | None = None
         self.changed = asyncio.Event()  # set whenever something worth redrawing happened
         self._listeners = Listeners()
