@@ -41,9 +41,19 @@ from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent, LifecycleView, StateChanged
 from app.core.session import ReadOnlyError, Session
+from app.core.telemetry.pagecache import read_page_cache
 from app.tui import advisor, bench
+from app.tui.adopt_confirm import ask_adopted
 from app.tui.commands import untuned_flag_message
-from app.tui.views import NO_GPUS, connection_note, latest_figures, probe_note, server_view, toggle_rows
+from app.tui.views import (
+    NO_GPUS,
+    connection_note,
+    latest_figures,
+    page_cache_line,
+    probe_note,
+    server_view,
+    toggle_rows,
+)
 from widgets import (
     ConfirmModal,
     DiffScreen,
@@ -64,6 +74,8 @@ UI_PERIOD_S = 0.5
 wait for the tick, its action pushes what it changed at once. Why 2 Hz: docs/decisions.md#ui-push-rate."""
 CHART_PERIOD_S = 2.0
 """The chart replots at most every 2 s (why: docs/decisions.md#chart-rate)."""
+PAGE_CACHE_PERIOD_S = 60.0
+"""How often the Server panel's page-cache line is read again (mincore: ~15 ms a GiB)."""
 STALE_PERIOD_FLOOR_S = 0.5
 """The GPU panel marks a row stale after two sample periods, but never under two of these (1 s); why:
 docs/decisions.md#ui-push-rate."""
@@ -193,7 +205,19 @@ class DashboardScreen(Screen[None]):
         self._unsubscribe = [session.subscribe(self._on_session_event), session.command.watch(self._on_command)]
         self.query_one(EventLog).extend(EventEntry(e.at, printable(e.text), e.level) for e in session.events)
         self.set_interval(UI_PERIOD_S, self.refresh_view)
+        self._read_page_cache()
+        self.set_interval(PAGE_CACHE_PERIOD_S, self._read_page_cache)
         self.refresh_bindings()
+
+    _page_cache: str | None = None  # the Server panel's page-cache line (page_cache_line), None: no line
+
+    def _read_page_cache(self) -> None:
+        """The Server panel's page-cache line, read in a worker (mincore on this machine, one exec over SSH)."""
+        async def read() -> None:
+            cache = await read_page_cache(self.session.host, self.session.profile.model)
+            self._page_cache = page_cache_line(cache)
+
+        self.run_worker(read(), name="page cache", group="page-cache", exclusive=True, exit_on_error=False)
 
     def on_unmount(self) -> None:
         for unsubscribe in self._unsubscribe:
@@ -296,7 +320,8 @@ class DashboardScreen(Screen[None]):
             self._gate(life)
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:
-        self.query_one(ServerPanel).data = (server_view(life, self.session.server_version, now_s), now_s)
+        view = server_view(life, self.session.server_version, now_s, self._page_cache)
+        self.query_one(ServerPanel).data = (view, now_s)
 
     def _push_header(self, now_wall: float | None = None) -> None:
         session, app = self.session, self.app
@@ -488,6 +513,10 @@ class DashboardScreen(Screen[None]):
         self.query_one(GpuPanel).select(message.uuid)
 
     def action_relaunch(self) -> None:
+        adopted = self.session.adopted
+        if adopted is not None and not adopted.confirmed:  # a server started by hand: ask once (adopt_confirm)
+            ask_adopted(self.app, adopted, "relaunch", self.action_relaunch)
+            return
         life = self.session.view()
         if life.state in (ServerState.STOPPED, ServerState.FREE, ServerState.CRASHED,
                           ServerState.STUCK) and life.record is None:
@@ -498,6 +527,10 @@ class DashboardScreen(Screen[None]):
     def action_kill(self) -> None:
         """Ask, then kill: the slot cancels the command in progress (an A/B, a relaunch) before the kill."""
         session = self.session
+        adopted = session.adopted
+        if adopted is not None and not adopted.confirmed:  # its question replaces the kill's
+            ask_adopted(self.app, adopted, "kill", lambda: self.command("kill", self.session.kill))
+            return
         record = session.view().record
         detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
         if session.busy:
