@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -34,6 +35,7 @@ from app.core.data import (
     SpecDecodeStats,
     ThroughputPoint,
 )
+from app.core.errors import TunedashError
 from app.core.flags.discovery import ServerFlags, discover_flags, rejection_message
 from app.core.flags.toggles import Toggle, apply_toggle, toggle_value
 from app.core.flags.values import FlagError, set_flag
@@ -58,8 +60,10 @@ from app.core.server.events import (
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
+from app.core.tasks import TaskOwner
 from app.core.telemetry.smi import Telemetry, telemetry_for
 
+log = logging.getLogger("tunedash")
 
 class ReadOnlyError(Exception):
     """A command that signals or launches was refused because the session is read-only."""
@@ -116,9 +120,9 @@ class Session:
         # awaited before every command begins: raises CommandRefused to stop it before anything is signalled (a mode
         # that must ask the person first, e.g. before the first kill of a server tunedash did not launch)
         self.before_command: BeforeCommand | None = None
-        self.changed = asyncio.Event()  # set whenever something worth redrawing happened
-        self._listeners = Listeners()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # a listener that raises is logged and said in the event log; the other listeners still hear the event
+        self._listeners = Listeners("session", on_failure=lambda text: self.note(text, "error"))
+        self._tasks = TaskOwner("session", on_failure=lambda text: self.note(text, "error"))
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         # /metrics and the installed server's flags (app.core.measure.metrics, app.core.flags.discovery)
@@ -174,7 +178,6 @@ class Session:
                     self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
                 self.observe_acceptance(time.time(), payload.mean_accept_len, "log")
         self._listeners.emit(event)
-        self.changed.set()
 
     def observe_acceptance(self, at: float, accept_len: float, source: ReadingSource) -> None:
         """One acceptance reading (a log line's, a /metrics window's): the event log hears when speculation stops
@@ -195,11 +198,9 @@ class Session:
             self._stop_probe()
             self._stop_metrics()
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        """A background task of this session: cancelled by stop(); one that fails is said in the event log."""
+        return self._tasks.spawn(coro, name)
 
     @property
     def adopted(self) -> Adoption | None:
@@ -224,12 +225,16 @@ class Session:
 
     async def _start(self) -> None:
         if self.samples_gpus:
-            self._telemetry_task = asyncio.create_task(self._sample_gpus())
+            self._telemetry_task = self._spawn(self._sample_gpus(), "GPU samples")
         self._spawn(self._discover_flags())
         record = None
-        with contextlib.suppress(Exception):
+        try:
             attached = await self.lifecycle.attach()
             record = self.lifecycle.record if attached else None
+        except HostError as exc:  # the host is unreachable: its connection event says so once (and says when back)
+            log.info("re-attach to %s's server waits for its host: %s", self.profile.name, exc)
+        except (TunedashError, OSError) as exc:  # the record could not be read: said, and the dashboard still opens
+            self.note(f"could not re-attach to the running server: {exc}", "error")
         if record is not None:
             self.profile = replace(self.profile, flags=dict(record.flags))
             self.lifecycle.profile = self.profile
@@ -243,7 +248,6 @@ class Session:
         if record is None and self.autolaunch and not self.readonly:
             self.note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
-        self.changed.set()
 
     async def _settle_driver(self) -> None:
         """Take the driver lock (app.core.server.driver) unless watching only: read-only when another live
@@ -284,9 +288,7 @@ class Session:
                         # the other; who drives now follows when the host answers
                         self.readonly = True
                         self.note(f"{taken} took over; this dashboard is now read-only", "warning")
-                        self.changed.set()
                         await self._read_driver()
-                        self.changed.set()
                 else:
                     if not self.command.running:
                         await self.lifecycle.follow_record()  # the driver launched another server: show that one
@@ -295,7 +297,6 @@ class Session:
                         if not verdict.readonly:
                             self.readonly, self.driven_by = False, None
                             self.note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
-                            self.changed.set()
 
     @property
     def can_take_over(self) -> bool:
@@ -334,14 +335,13 @@ class Session:
             return
         self._stopped = True
         self.command.stop()
-        for task in [self._telemetry_task, self._probe_task, self._metrics_task, *self._tasks]:
-            if task is not None:
-                task.cancel()
+        await self._tasks.close()  # the GPU samples, probe, /metrics, log tail, version and flag reads
         await self.lifecycle.close()
-        with contextlib.suppress(Exception):
-            await self.driver.release()
-        with contextlib.suppress(Exception):
+        await self.driver.release()  # never raises: a claim it cannot remove expires by itself (driver.STALE_S)
+        try:
             await self.telemetry.close()
+        except Exception as exc:  # NVML's own errors too: the session is ending, so the failure is only logged
+            log.warning("closing the GPU sampler failed: %s", exc)
 
     async def _sample_gpus(self) -> None:
         async with contextlib.aclosing(self.telemetry.stream(self.sample_period_ms)) as snapshots:
@@ -349,7 +349,6 @@ class Session:
                 if _lists_processes_before(snapshot, self._release_floor):
                     continue  # older news than the sample that proved FREE (or STUCK): the panel keeps that one
                 self.snapshot = snapshot
-                self.changed.set()
 
     def _adopt_release_sample(self, snapshot: GpuSnapshot) -> None:
         """The release watcher's sample becomes the GPU panel's, so the panel shows what made the verdict (FREE,
@@ -358,7 +357,6 @@ class Session:
             return
         self.snapshot = snapshot
         self._release_floor = min((g.processes_taken_at or g.taken_at) for g in snapshot.gpus)
-        self.changed.set()
 
     def _follow_server_log(self, path: str) -> None:
         """Keep the log view's lines from this launch's log (one follower at a time)."""
@@ -390,7 +388,6 @@ class Session:
         if info:
             version = info.get("version")
             self.server_version = str(version) if version is not None else None
-            self.changed.set()
 
     # ---- probe -----------------------------------------------------------------------------------
     def set_probe(self, on: bool) -> None:
@@ -408,10 +405,6 @@ class Session:
 
         def on_point(point: ThroughputPoint) -> None:
             self.throughput.append(point)
-            self.changed.set()
-
-        def on_error(message: str) -> None:
-            pass  # each failure counts in the probe's status; the event log hears of a run of them (on_status)
 
         def on_status(status: ProbeStatus) -> None:
             was = self.probe_status.state if self.probe_status is not None else "running"
@@ -424,18 +417,17 @@ class Session:
                 self.note("probe answering again")
             elif status.state == "stopped" and status.error:
                 self.note(f"probe stopped: {status.error}", "error")
-            self.changed.set()
 
         async def probe() -> None:
             base = await self.host.http_base(self.profile.port)  # a remote host forwards a local port
-            await probe_loop(base, self.profile.model, on_point, on_error, on_status=on_status)
+            await probe_loop(base, self.profile.model, on_point, on_status=on_status)  # failures: on_status
 
         def ended(task: asyncio.Task[None]) -> None:
             if not task.cancelled() and task.exception() is not None:  # e.g. the port forward could not open
                 on_status(ProbeStatus("stopped", error=str(task.exception()) or type(task.exception()).__name__))
 
         self.probe_status = ProbeStatus("running")
-        self._probe_task = asyncio.create_task(probe())
+        self._probe_task = self._spawn(probe(), "probe")
         self._probe_task.add_done_callback(ended)
 
     def _stop_probe(self) -> None:
@@ -458,9 +450,8 @@ class Session:
             self.throughput.append(rate.point())  # an idle window is a real 0 tok/s
             if rate.accept_len is not None:
                 self.observe_acceptance(rate.at, rate.accept_len, "metrics")
-            self.changed.set()
 
-        self._metrics_task = asyncio.create_task(poll())
+        self._metrics_task = self._spawn(poll(), "/metrics")
 
     def _stop_metrics(self) -> None:
         if self._metrics_task is not None:
@@ -476,7 +467,6 @@ class Session:
         if found.known and found.version:
             self.server_version = self.server_version or found.version
             self._render_for_version(found)
-        self.changed.set()
 
     def _render_for_version(self, found: ServerFlags) -> None:
         """The toggles in the flags of the version found; a flag of the profile (or pending) that this version
@@ -515,12 +505,10 @@ class Session:
         except FlagError as exc:
             self.note(str(exc), "warning")
             return str(exc)
-        self.changed.set()
         return self.describe_pending()
 
     def set_pending_flag(self, name: str, value: FlagValue | None) -> None:
         self.pending_flags = set_flag(self.pending_flags, name, value)
-        self.changed.set()
 
     def undo_pending(self) -> None:
         self.pending_flags = dict(self.profile.flags)
