@@ -11,6 +11,10 @@ describes them (without sim_state, another GPU type gets its own folder) and TUN
 every command on the host. An unknown spec, or GPUs of another type with memory held, is a ProfileError naming
 `sim_gpus`.
 
+The simulated host's LocalHost carries `nvml=SimNvml(state)`: the release watch reads its GPUs in-process at
+NVML's pace through it, as it reads a real machine's through pynvml
+(docs/decisions.md#release-watch-at-the-sources-pace).
+
 SSH hosts (`ssh://user@host:port` or a ~/.ssh/config alias) get one SshHost each. A profile that names an
 SSH host *and* `sim_state` is the simulated host behind sshd (tests, demos on a shared machine): every remote
 command then gets the simulated host's environment (PATH with the fake nvidia-smi, TUNEDASH_SIM_STATE,
@@ -35,8 +39,11 @@ def host_for(profile: Profile) -> Host:
     """The host a profile names."""
     spec = profile.host
     if spec == "sim":
+        from app.sim.sim_nvml import SimNvml
+
         env = simulated_host_environment(profile)
-        return LocalHost("sim", extra_env=env, state_dir=str(Path(env["TUNEDASH_SIM_STATE"]) / "host"))
+        state = env["TUNEDASH_SIM_STATE"]
+        return LocalHost("sim", extra_env=env, state_dir=str(Path(state) / "host"), nvml=SimNvml(state))
     if spec == "local":
         check_no_sim_version(profile)
         return LocalHost("local")

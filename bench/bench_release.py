@@ -12,17 +12,29 @@ memory.used and the compute-process list of the profile's GPUs, with wall-clock 
     lag            tunedash FREE - driver free
 
 It prints the median and range of each for every telemetry source (--sources smi,nvml: the CLI's
-nvidia-smi sampler and the in-process NVML one), the ratio FREE / driver free, and the manual habit
+nvidia-smi sampler and the in-process NVML one), each with the release watch as it was before issue 20
+("before": nvidia-smi every 50 ms, NVML every 100 ms) and as it is ("after": NVML every 5 ms on this machine,
+whichever the dashboard reads), --rounds of each, interleaved; the ratio FREE / driver free, and the manual habit
 `kill; sleep 3; nvidia-smi` (3 s plus one nvidia-smi call, timed in the same run) for comparison.
 
 Run on a GPU host (needs torch and nvidia-ml-py):
     python3 bench/bench_release.py [--rounds 5] [--mib 8192] [--gpus 0] [--sources smi,nvml] [--json FILE]
+
+Without a GPU, `--sources sim,ssh` measures the same kill on the simulated host (profiles/demo), where the
+driver's release is known exactly (released.jsonl `released_at`): `sim` is the simulated host itself (the release
+watch reads it through its NVML-like reader), `ssh` the simulated host behind a loopback sshd (nvidia-smi's -lms
+stream and the process-list loop over one kept connection; needs /usr/sbin/sshd, as root). Each source runs
+--rounds "before" rounds (the watch as it was: nvidia-smi every 50 ms with a one-shot process list as often) and
+--rounds "after" rounds (release_sampler_for), interleaved, in one run. Per round: last release -> FREE, and the
+CPU seconds tunedash's process spent from the SIGTERM to FREE.
+    .venv/bin/python bench/bench_release.py --sources sim,ssh [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import signal
@@ -31,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +92,149 @@ def poll(gpus: list[int], period_ms: float, out: Path) -> None:
     out.write_text(json.dumps({"samples": samples, "period_ms": period_ms, "changes": changes}))
 
 
+# ---- the simulated host: before and after in one run ----------------------------------------------------
+def legacy_sampler(host: Any, gpus: Any, telemetry: Any) -> Any:
+    """The release watch before issue 20: nvidia-smi every 50 ms with a one-shot process list as often; NVML (the
+    CLI's --source nvml) at its 100 ms floor with a process list every 50 ms."""
+    from app.core.server.release import ReleaseSampler
+    from app.core.telemetry.nvml import NvmlTelemetry
+    from app.core.telemetry.smi import SmiTelemetry
+
+    if isinstance(telemetry, NvmlTelemetry):
+        return ReleaseSampler(NvmlTelemetry(telemetry.indices, process_interval_s=0.05), 50, "nvml-before")
+    return ReleaseSampler(SmiTelemetry(host, gpus, apps_interval_s=0.05), 50, "smi-before")
+
+
+@contextlib.contextmanager
+def paced(pace: str) -> Iterator[None]:
+    """The release watch as it was ("before") or as it is ("after") for the kills inside."""
+    from app.core.server import release
+
+    original = release.release_sampler_for
+    if pace == "before":
+        release.release_sampler_for = legacy_sampler
+    try:
+        yield
+    finally:
+        release.release_sampler_for = original
+
+
+@dataclasses.dataclass
+class SimRound:
+    source: str
+    pace: str  # "before" | "after"
+    release_to_free_s: float
+    sigterm_to_free_s: float
+    cpu_s: float
+    watcher: str
+    samples: int
+
+
+async def sim_round(lifecycle: Any, state: Path, pace: str, source: str) -> SimRound:
+    from app.core.server import release
+    from app.sim.gpu_state import released_log
+
+    await lifecycle.launch()
+    ready = await lifecycle.wait_ready(60)
+    if ready != ServerState.READY:
+        raise SystemExit(f"the simulated server did not become ready ({ready.value})")
+    await asyncio.sleep(0.3)
+    record = lifecycle.record
+    pids = {p.pid for p in await lifecycle.host.processes() if p.pgid == record.pgid}
+    marks: dict[str, float] = {}
+    watchers: list[Any] = []
+
+    def listener(event: LifecycleEvent) -> None:
+        if isinstance(event, StateChanged):
+            marks.setdefault(event.state.value, event.at)
+
+    real_start = release.FreeWatch.__init__
+
+    def remember(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_start(self, *args, **kwargs)
+        watchers.append(self)
+
+    release.FreeWatch.__init__ = remember  # type: ignore[method-assign]
+    unsubscribe = lifecycle.subscribe(listener)
+    cpu = time.process_time()
+    try:
+        with paced(pace):
+            verdict = await lifecycle.kill(confirm_free=True)
+    finally:
+        release.FreeWatch.__init__ = real_start  # type: ignore[method-assign]
+        if callable(unsubscribe):
+            unsubscribe()
+    cpu = time.process_time() - cpu
+    if not (verdict and verdict.confirmed) or "FREE" not in marks:
+        raise SystemExit(f"the kill did not end FREE: {verdict}")
+    released = [r["released_at"] for r in released_log(state) if r["pid"] in pids]
+    watch = watchers[0]
+    return SimRound(source, pace, marks["FREE"] - max(released), marks["FREE"] - marks["KILLING"], cpu,
+                    watch.source, watch.samples)
+
+
+async def sim_rounds(source: str, rounds: int, work: Path) -> list[SimRound]:
+    from app.core.hosts.ssh import SshHost
+    from app.core.profiles.loading import resolve_profile
+    from app.sim.host_env import reset_state, sim_environment
+    from tests.helpers import free_port
+    from tests.integration.sshd import running_sshd
+    from tests.integration.test_ssh_cli import open_to_all
+
+    folder = work / source
+    folder.mkdir(parents=True)
+    state = reset_state(folder / "sim")
+    base = dataclasses.replace(resolve_profile("demo"), port=free_port(), sim_state=state, python=sys.executable,
+                               env={"TUNEDASH_SIM_STARTUP_S": "0.5"})
+    out: list[SimRound] = []
+    if source == "sim":
+        host = host_for(base)
+        lifecycle = ServerLifecycle(host, base, telemetry_for(host, "smi", tuple(base.gpus)))
+        for i in range(rounds * 2):
+            out.append(await sim_round(lifecycle, state, ("before", "after")[i % 2], source))
+        await lifecycle.close()
+        return out
+    open_to_all(folder)
+    with running_sshd() as server:
+        profile = dataclasses.replace(base, host=server.spec)
+        host = SshHost(server.spec, extra_env=sim_environment(state), state_dir=str(state / "host"),
+                       options=server.options())
+        lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", tuple(profile.gpus)))
+        try:
+            for i in range(rounds * 2):
+                out.append(await sim_round(lifecycle, state, ("before", "after")[i % 2], source))
+        finally:
+            await lifecycle.close()
+            await host.close()
+    return out
+
+
+def sim_main(sources: list[str], rounds: int, json_out: Path | None) -> int:
+    work = Path(tempfile.mkdtemp(prefix="bench_release-sim-"))
+    work.chmod(0o755)  # the SSH test user reaches the simulated state through it
+    results: list[SimRound] = []
+    for source in sources:
+        results += asyncio.run(sim_rounds(source, rounds, work))
+    for source in sources:
+        print(f"\n{source}: kill -> FREE on the simulated host ({rounds} rounds each, interleaved)")
+        medians = {}
+        for pace in ("before", "after"):
+            mine = [r for r in results if r.source == source and r.pace == pace]
+            free = [r.release_to_free_s for r in mine]
+            medians[pace] = statistics.median(free)
+            print(f"  {pace:6} ({mine[0].watcher:10}) last release -> FREE {spread(free)}")
+            print(f"  {'':6} {'':12} SIGTERM -> FREE      {spread([r.sigterm_to_free_s for r in mine])}")
+            cpu = [r.cpu_s for r in mine]
+            samples = [r.samples for r in mine]
+            print(f"  {'':6} {'':12} CPU SIGTERM -> FREE  median {statistics.median(cpu) * 1000:.0f} ms "
+                  f"(min {min(cpu) * 1000:.0f}, max {max(cpu) * 1000:.0f}); samples median "
+                  f"{statistics.median(samples):.0f}")
+        print(f"  after / before: {medians['after'] / medians['before']:.2f}x")
+    if json_out:
+        json_out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+    return 0
+
+
 # ---- the rounds ----------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Round:
@@ -87,7 +243,7 @@ class Round:
     free_confirmed: bool
 
 
-async def one_round(profile_path: Path, mib: int, source: str, state_dir: str) -> Round:
+async def one_round(profile_path: Path, mib: int, source: str, state_dir: str, pace: str = "after") -> Round:
     profile = apply_overrides(load_profile(profile_path), [f"mib={mib}"], [])
     host = host_for(profile)
     host._state_dir = state_dir  # type: ignore[attr-defined]  # a private job folder for the bench
@@ -107,11 +263,12 @@ async def one_round(profile_path: Path, mib: int, source: str, state_dir: str) -
     await asyncio.sleep(1.0)  # the poller sees the loaded state
     for key in ("KILLING", "RELEASING", "FREE", "STUCK"):
         marks.pop(key, None)
-    verdict = await lifecycle.kill(confirm_free=True)
+    with paced(pace):
+        verdict = await lifecycle.kill(confirm_free=True)
     await lifecycle.close()
     await lifecycle.telemetry.close()
     await asyncio.sleep(0.5)
-    return Round(source, marks, bool(verdict and verdict.confirmed))
+    return Round(f"{source} {pace}", marks, bool(verdict and verdict.confirmed))
 
 
 def driver_times(changes: list[dict[str, Any]], gpus: list[int], after: float, baseline: dict[int, int]) -> tuple[
@@ -155,6 +312,8 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=REPO / "profiles" / "gpu-hog.toml")
     parser.add_argument("--sources", default="smi,nvml")
     parser.add_argument("--poll-ms", type=float, default=5.0)
+    parser.add_argument("--apps-loops", type=int, default=None,
+                        help="sim/ssh: kept-open process-list loops of the 'after' watch (default: release's own)")
     parser.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     parser.add_argument("--poll", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpus", default="", help=argparse.SUPPRESS)
@@ -163,6 +322,13 @@ def main() -> int:
     if args.poll:
         poll([int(g) for g in args.gpus.split(",")], args.poll_ms, args.out)
         return 0
+    simulated = [s for s in args.sources.split(",") if s in ("sim", "ssh")]
+    if simulated:
+        if args.apps_loops is not None:
+            from app.core.server import release
+
+            release.SMI_APPS_LOOPS = args.apps_loops
+        return sim_main(simulated, args.rounds, args.json)
 
     gpus = list(load_profile(args.profile).gpus)
     work = Path(tempfile.mkdtemp(prefix="bench_release-"))
@@ -173,8 +339,9 @@ def main() -> int:
     rounds: list[Round] = []
     try:
         for source in args.sources.split(","):
-            for _ in range(args.rounds):
-                rounds.append(asyncio.run(one_round(args.profile, args.mib, source, str(work / "state"))))
+            for i in range(args.rounds * 2):  # the watch before and after issue 20, interleaved
+                pace = ("before", "after")[i % 2]
+                rounds.append(asyncio.run(one_round(args.profile, args.mib, source, str(work / "state"), pace)))
     finally:
         poller.send_signal(signal.SIGTERM)
         poller.wait(timeout=30)
@@ -186,7 +353,7 @@ def main() -> int:
           f"({polled['samples']} samples); idle baseline {baseline} MiB")
     report: dict[str, Any] = {"gpus": gpus, "mib": args.mib, "baseline_mib": baseline, "smi_call_s": smi_s,
                               "rounds": []}
-    for source in args.sources.split(","):
+    for source in [f"{s} {pace}" for s in args.sources.split(",") for pace in ("before", "after")]:
         figures: dict[str, list[float]] = {"group gone": [], "pid gone": [], "driver free": [], "tunedash FREE": [],
                                            "lag": []}
         for one in (r for r in rounds if r.source == source):

@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.events import Click
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -98,7 +99,9 @@ class FlagRow(Horizontal):
 
 
 class FlagsPanel(Widget):
-    """The toggles. Call `update(rows)`; rows are keyed by flag, so only changed rows are touched.
+    """The toggles. Set `data` (a tuple of ToggleRow) as often as you like: the panel redraws only when the rows
+    differ from the last (a reactive); `update(rows)` shows them at once. Rows are keyed by flag, so only changed rows
+    are touched.
 
     Posts ToggleRequested when a row is clicked (the app's key bindings do the same through its own
     actions). `pending_count` says how many toggles differ from the running server.
@@ -123,6 +126,9 @@ class FlagsPanel(Widget):
             self.key = key
             self.flag = flag
 
+    data: reactive[tuple[ToggleRow, ...]] = reactive((), layout=False, repaint=False, init=False)
+    """The rows shown; a value equal to the last one changes nothing."""
+
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.border_title = "Flags"
@@ -131,6 +137,9 @@ class FlagsPanel(Widget):
     def compose(self) -> ComposeResult:
         """A placeholder until the first rows."""
         yield Static("no toggles", classes="flags-empty")
+
+    def watch_data(self, rows: tuple[ToggleRow, ...]) -> None:
+        self.update(rows)
 
     @property
     def rows(self) -> list[ToggleRow]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from textual.app import ComposeResult
+from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -38,6 +39,7 @@ class ServerView:
     fatal: str | None = None
     last_lines: tuple[str, ...] = ()
     holders: tuple[Holder, ...] = ()  # what still holds GPU memory (shown when the server is STUCK)
+    page_cache: str | None = None  # "weights: 41.2 GiB of 54.0 GiB in the page cache (76%, 11 files)"
 
 
 _STATE_CLASS = {
@@ -120,7 +122,9 @@ def holders_text(holders: tuple[Holder, ...]) -> str:
 class ServerPanel(Widget):
     """The server: state, identity, launch phases, notices, and the crash or stuck details.
 
-    Call `update(view, now)` when the view changes and `tick(now)` to refresh the time in state.
+    Set `data = (view, now)` (a frozen ServerView and whole seconds of the wall clock) as often as you like: the
+    panel redraws only when it differs from the last (a reactive, as Textual's Sparkline holds its data);
+    `update(view, now)` shows one at once and `tick(now)` refreshes the time in state.
     The state line carries a CSS class: -good (READY), -bad (CRASHED, STUCK), -busy (KILLING,
     RELEASING), -idle (FREE, STOPPED), -starting (the rest).
     """
@@ -138,6 +142,7 @@ class ServerPanel(Widget):
         .server-state.-busy { color: $warning; }
         .server-state.-idle { color: $text-muted; }
         .server-phases { color: $text-muted; }
+        .server-pagecache { color: $text-muted; }
         .server-notices { color: $warning; }
         .server-fatal { color: $error; text-style: bold; }
         .server-lines { color: $text-muted; }
@@ -145,6 +150,9 @@ class ServerPanel(Widget):
         .-empty { display: none; }
     }
     """
+
+    data: reactive[tuple[ServerView, float] | None] = reactive(None, layout=False, repaint=False, init=False)
+    """What the panel shows: (view, now); a value equal to the last one changes nothing."""
 
     MAX_NOTICES = 3
     """How many of the latest notices are shown."""
@@ -158,8 +166,12 @@ class ServerPanel(Widget):
     def compose(self) -> ComposeResult:
         """One Static per block; empty blocks are hidden."""
         yield Static("no server", classes="server-state -idle")
-        for name in ("identity", "phases", "notices", "fatal", "lines", "holders"):
+        for name in ("identity", "phases", "pagecache", "notices", "fatal", "lines", "holders"):
             yield Static(classes=f"server-{name} -empty", markup=False)
+
+    def watch_data(self, data: tuple[ServerView, float] | None) -> None:
+        if data is not None:
+            self.update(*data)
 
     @property
     def view(self) -> ServerView | None:
@@ -174,6 +186,7 @@ class ServerPanel(Widget):
             state.set_class(_STATE_CLASS.get(view.state, "-starting") == cls, cls)
         self._set("identity", identity_line(view))
         self._set("phases", phases_line(view))
+        self._set("pagecache", view.page_cache or "")
         notices = view.notices[-self.MAX_NOTICES :]
         self._set("notices", "\n".join(f"! {short_notice(n)}" for n in notices))
         crashed = view.state is ServerState.CRASHED

@@ -251,6 +251,13 @@ class ThroughputChart(Widget):
             return True
         return False
 
+    def follow(self, points: Sequence[ThroughputPoint], now: float, markers: Sequence[RelaunchMarker]) -> None:
+        """The caller's live series (a deque it keeps appending to) and markers: stored only when the length, the
+        newest point or the markers changed, so nothing of a 4000-point series is copied while it did not."""
+        key = (len(points), points[-1] if points else None, len(markers), markers[-1] if markers else None)
+        if key != self._version:
+            self.update(list(points), now, list(markers), version=key)
+
     def update(
         self,
         points: Sequence[ThroughputPoint],

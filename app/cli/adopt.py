@@ -2,8 +2,9 @@
 
 HOST: this machine when omitted (or `local`), `sim` (the demo's simulated host), a profile (its host: `sim`, local
 or SSH), `ssh://user@host:port` or an ~/.ssh/config alias. `--pid N --write FILE` writes the profile of server N
-to FILE (this machine; an existing FILE only with --force). The listing and the writing signal nothing
-(docs/adopt.md).
+to FILE (this machine; an existing FILE only with --force). `--pid N` alone writes it to adopted-N.toml in the
+user's profiles and opens the dashboard on the running server (app.core.adopt.takeover; a server another tunedash
+launched: its own profile, attached to). The listing and the writing signal nothing (docs/adopt.md).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def print_servers(servers: list[AdoptableServer], host_name: str, host_arg: str)
         if s.shares_gpus_with:
             say(f"{'':9}shares GPUs with pid {', '.join(map(str, s.shares_gpus_with))}: two servers on one GPU set")
     where = f" {host_arg}" if host_arg else ""
-    say(f"\nwrite one's profile: tunedash adopt{where} --pid PID --write FILE.toml")
+    say(f"\nthe dashboard on one, as it runs: tunedash adopt{where} --pid PID; only its profile: tunedash "
+        f"adopt{where} --pid PID --write FILE.toml")
 
 
 async def cmd_adopt(args: argparse.Namespace) -> int:
@@ -156,25 +158,43 @@ async def _one(args: argparse.Namespace, host: Host, host_spec: str, customs: li
                              f"{shown[:300]}); `{listing}` lists the servers there")
         raise AdoptError(f"pid {pid}: no such process on {host.name} (it may have exited since it was listed)")
     server = servers[0]
-    if not args.write:
-        if args.json:
-            say(json.dumps(server_json(server), indent=2))
-        else:
-            print_servers([server], host.name, args.host or "")
-            say("opening the dashboard on a running server is not built yet: write its profile with --write FILE")
+    if not args.write and args.json:
+        say(json.dumps(server_json(server), indent=2))
         return EXIT_OK
     if server.launched_by_tunedash:
         where = (f"profile {server.record.profile} ({server.record.profile_file})" if server.record
                  else f"TUNEDASH_JOB={server.tunedash_tag}, its record not found")
+        if not args.write and server.record is not None and server.record.profile_file:
+            say(f"pid {pid} on {host.name} was launched by tunedash ({where}): attaching to it")
+            args.open_ui = server.record.profile_file  # `tunedash ui FILE`: its own record, nothing adopted
+            return EXIT_OK
         raise AdoptError(f"pid {pid} on {host.name} was launched by tunedash ({where}): it has a profile already; "
                          f"`tunedash ui {server.record.profile_file if server.record else 'PROFILE'}` attaches to it")
-    path = await asyncio.to_thread(_target, args.write, args.force)
+    if not args.write:  # who else uses its GPUs: the servers there now, as the listing finds them
+        from app.core.adopt.details import attach_gpus
+
+        around = [s for s in await read_processes(host, custom_commands=[(p.name, p.command) for p in customs])
+                  if s.pid != pid]
+        await attach_gpus(host, [server, *around])
+    if server.shares_gpus_with and not args.write:
+        say(f"note: pid {', '.join(map(str, server.shares_gpus_with))} uses some of the same GPUs: a relaunch of "
+            f"pid {pid} finds them held")
+    if args.write:
+        path = await asyncio.to_thread(_target, args.write, args.force)
+    else:  # the dashboard on it: its profile in the user's profiles, so `tunedash ui adopted-PID` opens it again
+        path = adopted_profile_path(pid)
     custom = next(((p.ready_regex, p.health_url) for p in customs if p.name == server.command.custom_profile), ("", ""))
     written = build_profile(server, host_spec, path, custom=custom)
     changed = await still_same(host, server.proof)
     if changed:
         raise AdoptError(f"{changed} while its profile was read; nothing was written")
-    await asyncio.to_thread(_write, path, written.text, args.force)
+    await asyncio.to_thread(_write, path, written.text, args.force or not args.write)
+    if not args.write:
+        print_servers([server], host.name, args.host or "")
+        say(f"wrote {path}; opening the dashboard on pid {pid} (it keeps running: r or k asks before the first "
+            "signal)")
+        args.open_ui = str(path)
+        return EXIT_OK
     if args.json:
         say(json.dumps({"written": str(path), "profile": written.profile.name, "unknown_flags": written.unknown_flags,
                         "notes": written.notes, "server": server_json(server)}, indent=2))
@@ -184,6 +204,29 @@ async def _one(args: argparse.Namespace, host: Host, host_spec: str, customs: li
         say(f"  kept verbatim (not in the catalog): {flag}")
     for note in written.notes:
         say(f"  note: {note}")
+    return EXIT_OK
+
+
+def adopted_profile_path(pid: int) -> Path:
+    """Where `adopt --pid N` (no --write) keeps the profile it opens the dashboard on: the user's profiles."""
+    from app.core.profiles.loading import profile_dirs
+
+    return profile_dirs()[0] / f"adopted-{pid}.toml"
+
+
+def adopt_entry(args: argparse.Namespace) -> int:
+    """`tunedash adopt`: the listing or the writing (async, as every command), then with `--pid N` alone the dashboard
+    on the server's profile (`tunedash ui FILE`, which attaches to the running server and never restarts it)."""
+    from app.cli.common import run_command
+
+    args.open_ui = None
+    code = asyncio.run(run_command(cmd_adopt(args)))
+    if code != EXIT_OK or not args.open_ui:
+        return code
+    from app.tui.app import create_app
+
+    profile = resolve_profile(args.open_ui)
+    create_app(profile, probe=args.probe).run()
     return EXIT_OK
 
 
@@ -215,11 +258,14 @@ def _write(path: Path, text: str, force: bool) -> None:
 
 def register(sub: Any) -> None:
     """Add `adopt` to the `tunedash` subparsers (app.cli.main calls this)."""
-    p = sub.add_parser("adopt", help="list the SGLang/vLLM servers running on a host; write one's profile")
+    p = sub.add_parser("adopt", help="list the SGLang/vLLM servers running on a host; open the dashboard on one "
+                       "or write its profile")
     p.add_argument("host", nargs="?", help="this machine when omitted; sim, a profile, ssh://user@host:port or "
                    "an ~/.ssh/config alias")
-    p.add_argument("--pid", type=int, help="one server: its details, or with --write its profile")
+    p.add_argument("--pid", type=int, help="one server: the dashboard on it (its profile written to "
+                   "adopted-PID.toml in your profiles), or with --write FILE its profile only; with --json its details")
+    p.add_argument("--probe", action="store_true", help="with --pid: start the dashboard with the probe load on")
     p.add_argument("--write", metavar="FILE", help="write the profile of --pid's server to FILE (a .toml)")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_adopt)
+    p.set_defaults(func=adopt_entry)

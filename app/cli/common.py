@@ -199,7 +199,19 @@ def lifecycle_for(profile: Profile, host: Host, args: argparse.Namespace) -> Ser
         free_timeout_s=60.0 if timeout is None else timeout,
     )
     lifecycle.subscribe(narrator(getattr(args, "json", False)))
+    from app.core.adopt.takeover import watch_adopted  # kill/relaunch on a server started by hand (docs/adopt.md)
+
+    watch_adopted(lifecycle, lambda text, level: None if getattr(args, "json", False) else say(text),
+                  confirmed=bool(getattr(args, "adopted_ok", False)))
     return lifecycle
+
+
+def with_adopted_ok(p: argparse.ArgumentParser) -> None:
+    """--adopted-ok on a command that kills: it may stop the profile's server although tunedash did not launch it
+    (a server started by hand that `tunedash adopt` wrote the profile of; docs/adopt.md)."""
+    p.add_argument("--adopted-ok", action="store_true",
+                   help="the profile's server was started by hand (tunedash adopt): kill it all the same, once its "
+                        "pid, start time, command line and user are proven unchanged")
 
 
 def with_take_over(p: argparse.ArgumentParser,

@@ -27,6 +27,7 @@ from app.cli.common import (
     load_profile,
     open_host,
     say,
+    with_adopted_ok,
     with_take_over,
 )
 from app.core.data import ServerState
@@ -42,6 +43,7 @@ from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.status import inspect_job, status_to_json
+from app.core.telemetry.pagecache import page_cache_to_json, read_page_cache
 from app.core.telemetry.smi import snapshot_to_json, telemetry_for
 
 
@@ -184,6 +186,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     host = open_host(profile)
     report = await inspect_job(host, profile)
     data = status_to_json(report)
+    cache = await read_page_cache(host, profile.model)
+    data["page_cache"] = page_cache_to_json(cache)
     if args.json:
         say(json.dumps(data, indent=2))
     else:
@@ -193,6 +197,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 say(f"  {key}: {data[key]}")
         if data.get("phase_times"):
             say(f"  phases: {_phase_line(data['phase_times'])}")
+        if cache.fraction is not None or cache.model.startswith(("/", "~", ".")):  # not for a hub id
+            say(f"  weights: {cache.describe()}")
         for name, value in sorted((data.get("flags") or {}).items()):
             say(f"  --{name} {value}")
         for notice in data.get("notices") or []:
@@ -330,6 +336,7 @@ def register(sub: Any, with_overrides: Any) -> None:
     p = sub.add_parser("kill", help="SIGTERM, grace, SIGKILL the server's process group")
     p.add_argument("profile")
     with_take_over(p)
+    with_adopted_ok(p)
     p.add_argument("--confirm-free", action="store_true", help="then wait until the GPUs are free (exit 3 if not; "
                    "a warm profile's weight cache daemon may hold them: WARM)")
     p.add_argument("--all", action="store_true", help="the weight cache daemon too (warm profiles), then confirm "
@@ -347,6 +354,7 @@ def register(sub: Any, with_overrides: Any) -> None:
     p = sub.add_parser("relaunch", help="kill -> confirm free -> launch -> ready, timing each phase")
     p.add_argument("profile")
     _launch_options(p, with_overrides)
+    with_adopted_ok(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for ready")
     p.add_argument("--grace", type=float, default=15.0)

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
+from app.core.adopt.takeover import Adoption, watch_adopted
 from app.core.advisor.acceptance_watch import AcceptanceWatch, ReadingSource
+from app.core.command import KILLS, BeforeCommand, CommandSlot
 from app.core.data import (
     DecodeStats,
     EventLevel,
@@ -31,6 +35,7 @@ from app.core.data import (
     SpecDecodeStats,
     ThroughputPoint,
 )
+from app.core.errors import TunedashError
 from app.core.flags.discovery import ServerFlags, discover_flags, rejection_message
 from app.core.flags.toggles import Toggle, apply_toggle, toggle_value
 from app.core.flags.values import FlagError, set_flag
@@ -53,11 +58,12 @@ from app.core.server.events import (
     StateChanged,
 )
 from app.core.server.lifecycle import ServerLifecycle
-from app.core.server.preflight import LaunchRefused
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
+from app.core.tasks import TaskOwner
 from app.core.telemetry.smi import Telemetry, telemetry_for
 
+log = logging.getLogger("tunedash")
 
 class ReadOnlyError(Exception):
     """A command that signals or launches was refused because the session is read-only."""
@@ -99,6 +105,7 @@ class Session:
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
         self.lifecycle.before_act = self._before_act
+        watch_adopted(self.lifecycle, self.note)  # no record of ours: a server started by hand runs this profile?
         self.snapshot: GpuSnapshot | None = None
         self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
         self.throughput: deque[ThroughputPoint] = deque(maxlen=4000)
@@ -109,13 +116,15 @@ class Session:
         self.probe_wanted = probe
         self.probe_status: ProbeStatus | None = None  # the probe's last state (running, failing, stopped)
         self.autolaunch = autolaunch and not self.readonly
-        self.busy: str | None = None  # the command in progress ("relaunch", "kill", ...)
-        self.changed = asyncio.Event()  # set whenever something worth redrawing happened
-        self._listeners = Listeners()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.command = CommandSlot(self.note)  # the one command in progress: name, progress, cancel
+        # awaited before every command begins: raises CommandRefused to stop it before anything is signalled (a mode
+        # that must ask the person first, e.g. before the first kill of a server tunedash did not launch)
+        self.before_command: BeforeCommand | None = None
+        # a listener that raises is logged and said in the event log; the other listeners still hear the event
+        self._listeners = Listeners("session", on_failure=lambda text: self.note(text, "error"))
+        self._tasks = TaskOwner("session", on_failure=lambda text: self.note(text, "error"))
         self._telemetry_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[None] | None = None
-        self._command_task: asyncio.Task[None] | None = None
         # /metrics and the installed server's flags (app.core.measure.metrics, app.core.flags.discovery)
         self.metrics_period_s = 2.0
         self.last_metrics: MetricsRate | None = None
@@ -132,8 +141,10 @@ class Session:
         return self._listeners.subscribe(listener)
 
     def view(self) -> LifecycleView:
-        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read."""
-        return self.lifecycle.view()
+        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read. Its job record is a
+        copy: the lifecycle keeps writing its own (state, phase times) while a screen holds this one."""
+        view = self.lifecycle.view()
+        return view if view.record is None else replace(view, record=copy.deepcopy(view.record))
 
     def note(self, text: str, level: EventLevel = "info") -> None:
         """A line in the event log (the session's own, and the advisor's findings and what was applied)."""
@@ -167,7 +178,6 @@ class Session:
                     self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
                 self.observe_acceptance(time.time(), payload.mean_accept_len, "log")
         self._listeners.emit(event)
-        self.changed.set()
 
     def observe_acceptance(self, at: float, accept_len: float, source: ReadingSource) -> None:
         """One acceptance reading (a log line's, a /metrics window's): the event log hears when speculation stops
@@ -188,11 +198,15 @@ class Session:
             self._stop_probe()
             self._stop_metrics()
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        """A background task of this session: cancelled by stop(); one that fails is said in the event log."""
+        return self._tasks.spawn(coro, name)
+
+    @property
+    def adopted(self) -> Adoption | None:
+        """The server started by hand this session watches (until its kill), or None (docs/adopt.md)."""
+        adopted = self.lifecycle.adopted
+        return adopted if isinstance(adopted, Adoption) else None
 
     @property
     def samples_gpus(self) -> bool:
@@ -211,23 +225,29 @@ class Session:
 
     async def _start(self) -> None:
         if self.samples_gpus:
-            self._telemetry_task = asyncio.create_task(self._sample_gpus())
+            self._telemetry_task = self._spawn(self._sample_gpus(), "GPU samples")
         self._spawn(self._discover_flags())
         record = None
-        with contextlib.suppress(Exception):
+        try:
             attached = await self.lifecycle.attach()
             record = self.lifecycle.record if attached else None
+        except HostError as exc:  # the host is unreachable: its connection event says so once (and says when back)
+            log.info("re-attach to %s's server waits for its host: %s", self.profile.name, exc)
+        except (TunedashError, OSError) as exc:  # the record could not be read: said, and the dashboard still opens
+            self.note(f"could not re-attach to the running server: {exc}", "error")
         if record is not None:
             self.profile = replace(self.profile, flags=dict(record.flags))
             self.lifecycle.profile = self.profile
             self.pending_flags = dict(record.flags)
-            self._follow_server_log(record.log_path)
+            if record.log_path:
+                self._follow_server_log(record.log_path)
+            elif self.adopted is not None:
+                self.log_lines.append(f"({self.adopted.log_note})")
         await self._settle_driver()
         self._driver_settled.set()
         if record is None and self.autolaunch and not self.readonly:
             self.note(f"no server of {self.profile.name} running: launching it")
             self.run_command("launch", self.launch)
-        self.changed.set()
 
     async def _settle_driver(self) -> None:
         """Take the driver lock (app.core.server.driver) unless watching only: read-only when another live
@@ -268,18 +288,15 @@ class Session:
                         # the other; who drives now follows when the host answers
                         self.readonly = True
                         self.note(f"{taken} took over; this dashboard is now read-only", "warning")
-                        self.changed.set()
                         await self._read_driver()
-                        self.changed.set()
                 else:
-                    if self._command_task is None or self._command_task.done():
+                    if not self.command.running:
                         await self.lifecycle.follow_record()  # the driver launched another server: show that one
                     if await self._read_driver() is None and not (self.watch_only or self.watching):
                         verdict = await self.driver.acquire(take_over=False)
                         if not verdict.readonly:
                             self.readonly, self.driven_by = False, None
                             self.note(f"nobody drives {self.profile.name} any more: this dashboard drives it now")
-                            self.changed.set()
 
     @property
     def can_take_over(self) -> bool:
@@ -317,14 +334,14 @@ class Session:
         if self._stopped:
             return
         self._stopped = True
-        for task in [self._telemetry_task, self._probe_task, self._metrics_task, self._command_task, *self._tasks]:
-            if task is not None:
-                task.cancel()
+        self.command.stop()
+        await self._tasks.close()  # the GPU samples, probe, /metrics, log tail, version and flag reads
         await self.lifecycle.close()
-        with contextlib.suppress(Exception):
-            await self.driver.release()
-        with contextlib.suppress(Exception):
+        await self.driver.release()  # never raises: a claim it cannot remove expires by itself (driver.STALE_S)
+        try:
             await self.telemetry.close()
+        except Exception as exc:  # NVML's own errors too: the session is ending, so the failure is only logged
+            log.warning("closing the GPU sampler failed: %s", exc)
 
     async def _sample_gpus(self) -> None:
         async with contextlib.aclosing(self.telemetry.stream(self.sample_period_ms)) as snapshots:
@@ -332,7 +349,6 @@ class Session:
                 if _lists_processes_before(snapshot, self._release_floor):
                     continue  # older news than the sample that proved FREE (or STUCK): the panel keeps that one
                 self.snapshot = snapshot
-                self.changed.set()
 
     def _adopt_release_sample(self, snapshot: GpuSnapshot) -> None:
         """The release watcher's sample becomes the GPU panel's, so the panel shows what made the verdict (FREE,
@@ -341,7 +357,6 @@ class Session:
             return
         self.snapshot = snapshot
         self._release_floor = min((g.processes_taken_at or g.taken_at) for g in snapshot.gpus)
-        self.changed.set()
 
     def _follow_server_log(self, path: str) -> None:
         """Keep the log view's lines from this launch's log (one follower at a time)."""
@@ -373,7 +388,6 @@ class Session:
         if info:
             version = info.get("version")
             self.server_version = str(version) if version is not None else None
-            self.changed.set()
 
     # ---- probe -----------------------------------------------------------------------------------
     def set_probe(self, on: bool) -> None:
@@ -391,10 +405,6 @@ class Session:
 
         def on_point(point: ThroughputPoint) -> None:
             self.throughput.append(point)
-            self.changed.set()
-
-        def on_error(message: str) -> None:
-            pass  # each failure counts in the probe's status; the event log hears of a run of them (on_status)
 
         def on_status(status: ProbeStatus) -> None:
             was = self.probe_status.state if self.probe_status is not None else "running"
@@ -407,18 +417,17 @@ class Session:
                 self.note("probe answering again")
             elif status.state == "stopped" and status.error:
                 self.note(f"probe stopped: {status.error}", "error")
-            self.changed.set()
 
         async def probe() -> None:
             base = await self.host.http_base(self.profile.port)  # a remote host forwards a local port
-            await probe_loop(base, self.profile.model, on_point, on_error, on_status=on_status)
+            await probe_loop(base, self.profile.model, on_point, on_status=on_status)  # failures: on_status
 
         def ended(task: asyncio.Task[None]) -> None:
             if not task.cancelled() and task.exception() is not None:  # e.g. the port forward could not open
                 on_status(ProbeStatus("stopped", error=str(task.exception()) or type(task.exception()).__name__))
 
         self.probe_status = ProbeStatus("running")
-        self._probe_task = asyncio.create_task(probe())
+        self._probe_task = self._spawn(probe(), "probe")
         self._probe_task.add_done_callback(ended)
 
     def _stop_probe(self) -> None:
@@ -441,9 +450,8 @@ class Session:
             self.throughput.append(rate.point())  # an idle window is a real 0 tok/s
             if rate.accept_len is not None:
                 self.observe_acceptance(rate.at, rate.accept_len, "metrics")
-            self.changed.set()
 
-        self._metrics_task = asyncio.create_task(poll())
+        self._metrics_task = self._spawn(poll(), "/metrics")
 
     def _stop_metrics(self) -> None:
         if self._metrics_task is not None:
@@ -459,7 +467,6 @@ class Session:
         if found.known and found.version:
             self.server_version = self.server_version or found.version
             self._render_for_version(found)
-        self.changed.set()
 
     def _render_for_version(self, found: ServerFlags) -> None:
         """The toggles in the flags of the version found; a flag of the profile (or pending) that this version
@@ -473,7 +480,8 @@ class Session:
             self.note(f"{found.describe()}: keys render this version's flags ({keys})")
         message = rejection_message(found, self.pending_flags, str(self.profile.source))
         if message:
-            self.note(message.replace("; nothing was launched or killed", "; r refuses to launch it"), "warning")
+            self.note(message.replace("; nothing was launched or killed", "; a relaunch refuses to launch it"),
+                      "warning")
 
     # ---- pending flags ---------------------------------------------------------------------------
     @property
@@ -497,12 +505,10 @@ class Session:
         except FlagError as exc:
             self.note(str(exc), "warning")
             return str(exc)
-        self.changed.set()
         return self.describe_pending()
 
     def set_pending_flag(self, name: str, value: FlagValue | None) -> None:
         self.pending_flags = set_flag(self.pending_flags, name, value)
-        self.changed.set()
 
     def undo_pending(self) -> None:
         self.pending_flags = dict(self.profile.flags)
@@ -528,40 +534,35 @@ class Session:
         ]
         return ", ".join(parts) or "no change"
 
-    # ---- commands --------------------------------------------------------------------------------
+    # ---- commands ----------------------------------------------------------------------------------
     def _guard(self, what: str) -> None:
         if self.readonly:
             raise ReadOnlyError(f"read-only session: {what} is disabled")
 
-    def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
-        """Run one command at a time in the background; False when another is still running. A kill is the
-        exception: it cancels the command in progress (a relaunch waiting for a server that never gets
-        ready) and then kills."""
-        self._guard(name)
-        previous = self._command_task if self._command_task is not None and not self._command_task.done() else None
-        if previous is not None and name != "kill":
-            self.note(f"{self.busy} still in progress; {name} ignored (k kills and cancels it)", "warning")
-            return False
+    @property
+    def busy(self) -> str | None:
+        """The name of the command in progress ("relaunch", "A/B", ...), or None (the header's note)."""
+        current = self.command.current
+        return current.name if current is not None else None
 
-        async def runner() -> None:
-            if previous is not None:
-                self.note(f"{name}: cancelling the {self.busy} in progress", "warning")
-                previous.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await previous
-            self.busy = name
-            try:
-                await coro_factory()
-            except LaunchRefused as refused:
-                self.note(str(refused), "error")
-            except Exception as exc:  # shown to the user, never swallowed silently
-                self.note(f"{name} failed: {exc}", "error")
-            finally:
-                self.busy = None
-                self.changed.set()
+    def command_refusal(self, name: str) -> str | None:
+        """Why command `name` may not start now (another one runs), or None; a kill is never refused here: it
+        cancels the command in progress first."""
+        return None if name in KILLS else self.command.refusal(name)
 
-        self._command_task = asyncio.create_task(runner())
-        return True
+    def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]], *,
+                    signals: bool = True) -> asyncio.Task[None] | None:
+        """Start `name` in the one command slot (app.core.command.CommandSlot); None when another command runs (the
+        event log says which). A kill is the exception: it cancels the command in progress (a relaunch waiting for a
+        server that never gets ready, an A/B) and then kills. A command that `signals` (or launches) is refused in a
+        read-only session (ReadOnlyError); a benchmark only loads the server."""
+        if signals:
+            self._guard(name)
+        refused = self.command_refusal(name)
+        if refused:
+            self.note(f"{refused} (a kill cancels it)", "warning")
+            return None
+        return self.command.start(name, coro_factory, before=self.before_command)
 
     async def launch(self) -> None:
         self._guard("launch")
@@ -599,7 +600,7 @@ class Session:
         if state == ServerState.READY:
             self.note(launch_summary(change, self.lifecycle.phase_times))
         elif state in STARTING_STATES:
-            self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: k kills it, "
+            self.note(f"not ready after {timeout:.0f} s (still {state.value}); it keeps starting: a kill stops it, "
                        f"`ready_timeout` in {new_profile.source} waits longer", "warning")
         return state
 

@@ -1,14 +1,15 @@
 """Dashboard keys for measuring: `b` benchmark, `B` mark baseline, `a` A/B pending vs baseline, `h` history.
 
-BenchKeys is an App base class that TunedashApp inherits (Textual merges BINDINGS only from DOMNode
-classes, so a plain mixin would lose them). It needs `self.session` (a core Session). Runs go through
-the same core objects as the CLI (bench.run_bench, experiment.Experiment, store.HistoryStore) in a
-worker; the screens only show progress and results. Escape on a running screen cancels the run; an A/B
-keeps the finished trials in the history (status "cancelled"). Screens: BenchScreen (progress, results
-table), ABScreen (progress through every relaunch, then the compare view: arms side by side with the
-verdict, and the compare plots: launch values with intervals, TTFT and ITL per arm), HistoryScreen (browse past
-runs: the highlighted run's table, plots and its configs' tok/s over time; enter opens app.tui.compare's
-CompareScreen of a run).
+The keys are the DashboardScreen's own bindings (app/tui/dashboard.py); its actions call start_bench, start_ab and
+open_history here with the dashboard (`Dashboard`: its session, baseline and refusals). A benchmark and an A/B run
+as the command in the Session's one slot (app.core.command), through the same core objects as the CLI
+(recorded.run_recorded_bench, experiment.Experiment, store.HistoryStore); their RunScreen only shows progress and
+results, and owns the keys while it is open: Escape cancels a running one (an A/B keeps the finished trials in the
+history, status "cancelled"), `k` cancels it and kills the server, and a key that would start another command is
+refused naming the one in progress. Screens: RunScreen (progress, results table; for an A/B progress through
+every relaunch, then the compare view: arms side by side with the verdict, and the compare plots: launch values
+with intervals, TTFT and ITL per arm), HistoryScreen (browse past runs: the highlighted run's table, plots and its
+configs' tok/s over time; enter opens app.tui.compare's CompareScreen of a run).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker
 
-from app.core.data import ServerState
 from app.core.measure.bench import BenchSpec, summary_lines
 from app.core.measure.client import RequestResult
 from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
@@ -35,13 +37,36 @@ from app.core.measure.store import HistoryStore, RunRow, StoreError
 from app.core.profiles.render import describe_change, profile_diff
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, ServerLogEvent
+from app.core.session import ReadOnlyError, Session
 from app.core.telemetry.energy import energy_meter_for
 from app.tui.compare import CompareScreen
 from app.tui.plots import RunCache, compare_plots_view, trend_view
 from widgets.arm_plot import ComparePlots, ComparePlotsView, TrendPlot
 
-if TYPE_CHECKING:
-    from app.core.session import Session
+
+class Dashboard(Protocol):
+    """What the measuring keys need of the dashboard screen that owns them (DashboardScreen)."""
+
+    session: Session
+    baseline: Profile | None
+
+    @property
+    def app(self) -> App[Any]: ...
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None: ...
+
+    def refusal(self, action: str, parameters: tuple[object, ...] = ()) -> str | None: ...
+
+    def flag_refusal(self, name: str) -> str | None: ...
+
+    def refusal_for_key(self, key: str) -> str | None: ...
+
+    def key_of(self, binding_id: str, default: str) -> str: ...
+
+    def push_flags(self) -> None: ...
+
+    def action_kill(self) -> None: ...
 
 
 def _table(table: DataTable[str], rows: list[list[str]]) -> None:
@@ -52,10 +77,13 @@ def _table(table: DataTable[str], rows: list[list[str]]) -> None:
 
 
 class RunScreen(Screen[None]):
-    """Progress of a benchmark or an A/B, then its results. Escape cancels a running one, closes a done one."""
+    """Progress of a benchmark or an A/B, run as the Session's command `command`, then its results. Escape cancels a
+    running one and closes a done one; `k` cancels it and kills the server; a key that would start another command
+    is refused, naming this one."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Cancel/close", tooltip="Cancel the run (finished trials are kept) or close"),
+        Binding("k", "kill", "Kill", id="kill", tooltip="Cancel the run, then kill the server (asks first)"),
     ]
     DEFAULT_CSS = """
     RunScreen { layout: vertical; }
@@ -68,18 +96,54 @@ class RunScreen(Screen[None]):
     RunScreen ComparePlots.-shown { display: block; }
     """
 
-    def __init__(self, title: str, job: Callable[[RunScreen], Coroutine[Any, Any, None]]) -> None:
+    def __init__(self, title: str, dashboard: Dashboard, command: str,
+                 job: Callable[[RunScreen], Coroutine[Any, Any, None]], *, signals: bool = True) -> None:
         super().__init__()
         self.title_text = title
+        self.dashboard = dashboard
+        self.command = command  # its name in the command slot ("bench", "A/B")
+        self.signals = signals  # whether it relaunches (refused in a read-only session)
         self.job = job
-        self.worker: Worker[Any] | None = None
+        self.worker: Worker[Any] | None = None  # follows the command; finished when the command ended
+        self._run_task: asyncio.Task[None] | None = None
 
     def on_mount(self) -> None:
-        self.worker = self.run_worker(self.job(self), name="measure", exit_on_error=False)
+        session = self.dashboard.session
+        try:
+            self._run_task = session.run_command(self.command, self._run, signals=self.signals)
+        except ReadOnlyError as exc:
+            self.say(str(exc))
+            return
+        if self._run_task is None:
+            self.say(session.command_refusal(self.command) or f"{self.command} refused")
+            return
+        self.worker = self.run_worker(self._follow(self._run_task), name="measure", exit_on_error=False)
 
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker is self.worker and event.state == WorkerState.ERROR:
-            self.say(f"failed: {event.worker.error}")
+    async def _run(self) -> None:
+        try:
+            await self.job(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # on this screen too, not only in the event log (the slot says it there)
+            self.say(f"failed: {exc}")
+            raise
+
+    @staticmethod
+    async def _follow(task: asyncio.Task[None]) -> None:
+        await asyncio.wait({task})  # the command's end; closing the screen never cancels it by itself
+
+    @property
+    def running(self) -> bool:
+        return self._run_task is not None and not self._run_task.done()
+
+    def on_key(self, event: events.Key) -> None:
+        """A dashboard key that would start another command while this one runs: say why it does not."""
+        if event.key in self.active_bindings or not self.running:
+            return
+        text = self.dashboard.refusal_for_key(event.key)
+        if text:
+            event.stop()
+            self.notify(text, severity="warning")
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -108,11 +172,15 @@ class RunScreen(Screen[None]):
         plots.show(view)
 
     def action_close(self) -> None:
-        if self.worker is not None and self.worker.is_running:
-            self.worker.cancel()
+        if self._run_task is not None and self.running:
+            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
             self.say("cancelling… (finished trials are kept)")
             return
         self.dismiss(None)
+
+    def action_kill(self) -> None:
+        """The dashboard's kill (asks first): the slot cancels this run, then kills."""
+        self.dashboard.action_kill()
 
 
 class HistoryScreen(Screen[None]):
@@ -191,170 +259,144 @@ class HistoryScreen(Screen[None]):
         self.dismiss(None)
 
 
-class BenchKeys(App[None]):
-    """The measuring keys of the dashboard (TunedashApp inherits this class)."""
+def open_store(dashboard: Dashboard) -> HistoryStore | None:
+    """The history, or None with a toast that says why it cannot be opened."""
+    try:
+        return HistoryStore()
+    except StoreError as exc:
+        dashboard.notify(str(exc), title="history unavailable", severity="error")
+        return None
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("b", "bench", "Bench", id="bench", tooltip="Benchmark the running server (the profile's [bench])"),
-        Binding("B", "mark_baseline", "Baseline", id="baseline", tooltip="Mark the running config as the baseline"),
-        Binding("a", "ab", "A/B", id="ab", tooltip="A/B: baseline (A) vs pending flags (B), relaunching each"),
-        Binding("h", "history", "History", id="history", tooltip="Past benchmarks and A/B runs"),
-    ]
 
-    session: Session
-    baseline: Profile | None = None
+# ---- b ---------------------------------------------------------------------------------------------
+def start_bench(dashboard: Dashboard) -> None:
+    """`b`: a benchmark of the running server (the dashboard refused it already while not READY or busy)."""
+    profile = dashboard.session.profile
+    spec = BenchSpec.from_settings(profile.bench)
+    dashboard.app.push_screen(RunScreen(
+        f"benchmark {profile.name}: {spec.requests} requests at concurrency {spec.concurrency}, "
+        f"{spec.max_tokens} output tokens ({spec.warmup} warm-up)", dashboard, "bench",
+        lambda screen: _bench(dashboard, screen, profile, spec), signals=False))
 
-    def _open_store(self) -> HistoryStore | None:
-        try:
-            return HistoryStore()
-        except StoreError as exc:
-            self.notify(str(exc), title="history unavailable", severity="error")
-            return None
 
-    def _server_ready(self, what: str) -> bool:
-        state = self.session.view().state
-        if state != ServerState.READY:
-            self.notify(f"{what} needs a ready server (now {state.value}); press r to launch",
-                        severity="warning")
-            return False
-        return True
+async def _bench(dashboard: Dashboard, screen: RunScreen, profile: Profile, spec: BenchSpec) -> None:
+    session = dashboard.session
+    base = await session.host.http_base(profile.port)
 
-    # ---- b ---------------------------------------------------------------------------------------
-    def action_bench(self) -> None:
-        if self.session.busy or not self._server_ready("a benchmark"):
-            if self.session.busy:
-                self.notify(f"busy: {self.session.busy}", severity="warning")
-            return
-        profile = self.session.profile
-        spec = BenchSpec.from_settings(profile.bench)
-        self.push_screen(RunScreen(
-            f"benchmark {profile.name}: {spec.requests} requests at concurrency {spec.concurrency}, "
-            f"{spec.max_tokens} output tokens ({spec.warmup} warm-up)",
-            lambda screen: self._bench(screen, profile, spec)))
+    def server_events(feed: Callable[[object], None]) -> Callable[[], None]:
+        def listener(event: LifecycleEvent) -> None:
+            if isinstance(event, ServerLogEvent):
+                feed(event.event)
 
-    async def _bench(self, screen: RunScreen, profile: Profile, spec: BenchSpec) -> None:
-        session = self.session
-        base = await session.host.http_base(profile.port)
+        return session.subscribe(listener)
 
-        def server_events(feed: Callable[[object], None]) -> Callable[[], None]:
-            def listener(event: LifecycleEvent) -> None:
-                if isinstance(event, ServerLogEvent):
-                    feed(event.event)
+    done = 0
 
-            return session.subscribe(listener)
+    def on_result(_i: int, result: RequestResult) -> None:
+        nonlocal done
+        done += 1
+        screen.set_progress(done, spec.requests)
 
-        done = 0
+    def measuring() -> None:
+        screen.say("measuring…")
+        session.command.progress("measuring")
 
-        def on_result(_i: int, result: RequestResult) -> None:
-            nonlocal done
-            done += 1
-            screen.set_progress(done, spec.requests)
-
-        record = session.view().record
-        store = self._open_store()
-        session.busy = "bench"
-        try:
-            screen.say("warming up…")
-            recorded = await run_recorded_bench(
-                base, profile, spec, host_name=session.host.name, store=store, events=server_events,
-                running_flags=record.flags if record else profile.flags, on_result=on_result,
-                on_warmup_done=lambda: screen.say("measuring…"), energy=energy_meter_for(session.host, profile))
-            screen.show_table(bench_rows(recorded.summary))
-            for line in summary_lines(recorded.summary):  # energy (J/token, the method) and goodput
-                screen.say(line)
-            for warning in recorded.result.summary.warnings:
-                screen.say(f"warning: {warning}")
-            run_id = recorded.run_id
-            screen.say(f"saved as run #{run_id} (tunedash export {run_id} --format md); escape closes")
-        finally:
-            session.busy = None
-            if store is not None:
-                store.close()
-
-    # ---- B ---------------------------------------------------------------------------------------
-    def action_mark_baseline(self) -> None:
-        if self.session.view().state != ServerState.READY:
-            self.notify("mark the baseline while the server runs (it is the running config)", severity="warning")
-            return
-        self.baseline = self.session.profile
-        self.notify("baseline = the running config; change flags, then press a to A/B against it", timeout=3)
-
-    # ---- a ---------------------------------------------------------------------------------------
-    def action_ab(self) -> None:
-        session = self.session  # refused in a read-only session (TunedashApp.check_action)
-        if session.busy:
-            self.notify(f"busy: {session.busy}", severity="warning")
-            return
-        if self.baseline is None:
-            self.notify("no baseline: press B on the running config first, then change flags and press a",
-                        severity="warning")
-            return
-        a_profile = self.baseline
-        b_profile = session.pending_profile
-        changes = profile_diff(a_profile, b_profile)
-        b_text = ", ".join(describe_change(c, a_profile.toggles) for c in changes) or "same flags (A/A)"
-        arms = [parse_arm(a_profile, "", "A"), parse_arm(b_profile, "", "B")]
-        arms = [replace_overrides(arms[0], "baseline"), replace_overrides(arms[1], b_text)]
-        bench = BenchSpec.from_settings(a_profile.bench)
-        spec = ExperimentSpec(arms, a_profile.bench.trials, bench, launches=a_profile.bench.launches)
-        self.push_screen(RunScreen(
-            f"A/B on {a_profile.name}: A = baseline, B = {b_text}; "
-            f"{spec.launches} launches x {spec.trials} trials of {bench.requests} requests",
-            lambda screen: self._ab(screen, spec)))
-
-    async def _ab(self, screen: RunScreen, spec: ExperimentSpec) -> None:
-        session = self.session
-        store = self._open_store()
-        total_requests = len(spec.schedule()) * spec.bench.requests
-
-        def on_progress(p: ExperimentProgress) -> None:
-            screen.set_progress(p.trials_done * spec.bench.requests + p.requests_done, total_requests)
-            if p.kind != "request":
-                screen.say(p.text)
-            if p.kind == "trial":
-                data = experiment.result.to_json()
-                screen.show_table(arm_rows(data))
-                screen.show_plots(compare_plots_view(data))  # launch values; the distributions at the end
-
-        def on_lifecycle(event: LifecycleEvent) -> None:
-            text = getattr(event, "text", None)
-            if text and not isinstance(event, ServerLogEvent):
-                screen.say(f"  {text}")
-
-        def request_rows() -> list[dict[str, Any]]:
-            if store is None or experiment.run_id is None:
-                return []
-            try:
-                return store.request_rows(experiment.run_id)
-            except sqlite3.Error:
-                return []  # the plots go without distributions; the table and verdict still show
-
-        experiment = Experiment(spec, session, store, on_progress=on_progress,
-                                energy_for=lambda arm_profile: energy_meter_for(session.host, arm_profile))
-        unsubscribe = session.subscribe(on_lifecycle)
-        session.busy = "A/B"
-        try:
-            await experiment.run()
-        except ExperimentFailed as exc:
-            screen.say(f"stopped: {exc}")
-        except asyncio.CancelledError:
-            screen.say("cancelled; the finished trials are kept in the history")
-            raise
-        finally:
-            session.busy = None
-            unsubscribe()
-            data = experiment.result.to_json()
-            screen.show_table(arm_rows(data), data.get("verdict") or "")
-            screen.show_plots(compare_plots_view(data, request_rows()))
-            if store is not None:
-                screen.say(f"saved as run #{experiment.run_id} (tunedash export {experiment.run_id} --format md)")
-                store.close()
-
-    # ---- h ---------------------------------------------------------------------------------------
-    def action_history(self) -> None:
-        store = self._open_store()
+    record = session.view().record
+    store = open_store(dashboard)
+    try:
+        screen.say("warming up…")
+        session.command.progress("warming up")
+        recorded = await run_recorded_bench(
+            base, profile, spec, host_name=session.host.name, store=store, events=server_events,
+            running_flags=record.flags if record else profile.flags, on_result=on_result,
+            on_warmup_done=measuring, energy=energy_meter_for(session.host, profile))
+        screen.show_table(bench_rows(recorded.summary))
+        for line in summary_lines(recorded.summary):  # energy (J/token, the method) and goodput
+            screen.say(line)
+        for warning in recorded.result.summary.warnings:
+            screen.say(f"warning: {warning}")
+        run_id = recorded.run_id
+        screen.say(f"saved as run #{run_id} (tunedash export {run_id} --format md); escape closes")
+    finally:
         if store is not None:
-            self.push_screen(HistoryScreen(store))
+            store.close()
+
+
+# ---- a ---------------------------------------------------------------------------------------------
+def start_ab(dashboard: Dashboard) -> None:
+    """`a`: the A/B of the baseline (A, marked with B) against the pending flags (B), as the slot's command."""
+    session = dashboard.session  # refused in a read-only session or while a command runs (check_action)
+    if dashboard.baseline is None:
+        dashboard.notify(f"no baseline: press {dashboard.key_of('baseline', 'B')} on the running config first, then "
+                         f"change flags and press {dashboard.key_of('ab', 'a')}", severity="warning")
+        return
+    a_profile = dashboard.baseline
+    b_profile = session.pending_profile
+    changes = profile_diff(a_profile, b_profile)
+    b_text = ", ".join(describe_change(c, a_profile.toggles) for c in changes) or "same flags (A/A)"
+    arms = [parse_arm(a_profile, "", "A"), parse_arm(b_profile, "", "B")]
+    arms = [replace_overrides(arms[0], "baseline"), replace_overrides(arms[1], b_text)]
+    bench = BenchSpec.from_settings(a_profile.bench)
+    spec = ExperimentSpec(arms, a_profile.bench.trials, bench, launches=a_profile.bench.launches)
+    dashboard.app.push_screen(RunScreen(
+        f"A/B on {a_profile.name}: A = baseline, B = {b_text}; "
+        f"{spec.launches} launches x {spec.trials} trials of {bench.requests} requests", dashboard, "A/B",
+        lambda screen: _ab(dashboard, screen, spec)))
+
+
+async def _ab(dashboard: Dashboard, screen: RunScreen, spec: ExperimentSpec) -> None:
+    session = dashboard.session
+    store = open_store(dashboard)
+    total_requests = len(spec.schedule()) * spec.bench.requests
+
+    def on_progress(p: ExperimentProgress) -> None:
+        screen.set_progress(p.trials_done * spec.bench.requests + p.requests_done, total_requests)
+        if p.kind != "request":
+            screen.say(p.text)
+            session.command.progress(p.text.split(": relaunch with")[0])  # "arm A launch 1/2", "A trial 2/4 ..."
+        if p.kind == "trial":
+            data = experiment.result.to_json()
+            screen.show_table(arm_rows(data))
+            screen.show_plots(compare_plots_view(data))  # launch values; the distributions at the end
+
+    def on_lifecycle(event: LifecycleEvent) -> None:
+        text = getattr(event, "text", None)
+        if text and not isinstance(event, ServerLogEvent):
+            screen.say(f"  {text}")
+
+    def request_rows() -> list[dict[str, Any]]:
+        if store is None or experiment.run_id is None:
+            return []
+        try:
+            return store.request_rows(experiment.run_id)
+        except sqlite3.Error:
+            return []  # the plots go without distributions; the table and verdict still show
+
+    experiment = Experiment(spec, session, store, on_progress=on_progress,
+                            energy_for=lambda arm_profile: energy_meter_for(session.host, arm_profile))
+    unsubscribe = session.subscribe(on_lifecycle)
+    try:
+        await experiment.run()
+    except ExperimentFailed as exc:
+        screen.say(f"stopped: {exc}")
+    except asyncio.CancelledError:
+        screen.say("cancelled; the finished trials are kept in the history")
+        raise
+    finally:
+        unsubscribe()
+        data = experiment.result.to_json()
+        screen.show_table(arm_rows(data), data.get("verdict") or "")
+        screen.show_plots(compare_plots_view(data, request_rows()))
+        if store is not None:
+            screen.say(f"saved as run #{experiment.run_id} (tunedash export {experiment.run_id} --format md)")
+            store.close()
+
+
+# ---- h ---------------------------------------------------------------------------------------------
+def open_history(dashboard: Dashboard) -> None:
+    store = open_store(dashboard)
+    if store is not None:
+        dashboard.app.push_screen(HistoryScreen(store))
 
 
 def replace_overrides(arm: Any, text: str) -> Any:

@@ -14,11 +14,23 @@ from app.core.hosts.base import ConnectionChanged
 from app.core.measure.probe import ProbeStatus
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleView
+from app.core.telemetry.pagecache import PageCache
 from widgets import ServerView, ToggleRow
 
 
-def server_view(life: LifecycleView, version: str | None, now_s: int) -> ServerView:
-    """The server panel's data; times on whole seconds of the wall clock (`now_s`, int(time.time()))."""
+def page_cache_line(cache: PageCache) -> str | None:
+    """The Server panel's page-cache line: how much of the model's files is in RAM; for a model given as a path
+    that cannot be read, why; nothing for a model that is not a path (a hub id, the simulator's model)."""
+    if cache.fraction is not None:
+        return printable(f"weights: {cache.describe()}")
+    if cache.model.startswith(("/", "~", ".")):
+        return printable(f"weights: page cache {cache.describe()}")
+    return None
+
+
+def server_view(life: LifecycleView, version: str | None, now_s: int, page_cache: str | None = None) -> ServerView:
+    """The server panel's data; times on whole seconds of the wall clock (`now_s`, int(time.time()));
+    `page_cache` the line page_cache_line made."""
     record, live, fatal, profile = life.record, life.live, life.fatal, life.profile
     return ServerView(
         state=life.state,
@@ -36,6 +48,7 @@ def server_view(life: LifecycleView, version: str | None, now_s: int) -> ServerV
         last_lines=tuple(printable(line) for line in life.last_lines[-8:]) if life.state == ServerState.CRASHED
         else (),
         holders=tuple(life.holders),
+        page_cache=page_cache,
     )
 
 

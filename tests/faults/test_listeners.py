@@ -50,6 +50,8 @@ async def test_a_session_listener_that_raises_does_not_stop_the_next_one(make_pr
         await session.launch()
         await until(lambda: _ready(seen), 30, "READY through the second listener")
         assert session.lifecycle.state == ServerState.READY
+        failures = [e.text for e in session.events if e.level == "error" and "_broken" in e.text]
+        assert failures and "a listener" in failures[0]  # said in the event log, not only in a logger
     finally:
         await session.lifecycle.kill(confirm_free=False)
         await session.stop()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
+from app.core.command import CommandView
 from app.core.data import (
     EventLevel,
     FatalEvent,
@@ -64,7 +65,7 @@ class FrozenClock:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr("app.tui.app.time", FrozenClock)
+    monkeypatch.setattr("app.tui.dashboard.time", FrozenClock)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield
@@ -191,7 +192,7 @@ def loading_session() -> FixedSession:
     life = session.lifecycle
     life.state, life.state_since, life.record = ServerState.LOADING, WALL - 3, record(session.profile)
     session.snapshot = gpus((21000, 20500))
-    session.busy = "launch"
+    session.command.current = CommandView("launch")
     session.events.extend([event(4, "launched pid 48921 (group 48921) on sim, log /tmp/demo.log")])
     return session
 

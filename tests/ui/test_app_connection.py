@@ -16,7 +16,8 @@ from app.core.profiles.types import Profile
 from app.core.session import Session
 from app.core.tasks import Listeners, Unsubscribe
 from app.sim.host_env import reset_state, sim_environment
-from app.tui.app import NO_GPUS, create_app
+from app.tui.app import create_app
+from app.tui.views import NO_GPUS
 from tests.helpers import free_port
 from tests.ui.test_app_flows import SIZE, screen_text, shows, until
 

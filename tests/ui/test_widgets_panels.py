@@ -278,6 +278,19 @@ async def test_server_panel_states() -> None:
         assert panel.query_one(".server-fatal").has_class("-empty")
 
 
+async def test_server_panel_shows_the_page_cache_line() -> None:
+    panel = ServerPanel()
+    app = Host(panel)
+    async with app.run_test(size=(80, 24)) as pilot:
+        line = "weights: 5.4 GiB of 54.0 GiB in the page cache (10%, 11 files)"
+        panel.update(ServerView(ServerState.STOPPED, since=1000.0, page_cache=line), now=1001.0)
+        await pilot.pause()
+        assert text_of(panel.query_one(".server-pagecache", Static)) == line
+        panel.update(ServerView(ServerState.STOPPED, since=1000.0), now=1002.0)  # a hub model: no line
+        await pilot.pause()
+        assert panel.query_one(".server-pagecache").has_class("-empty")
+
+
 def toggles(steps_pending: str = "3") -> list[ToggleRow]:
     return [
         ToggleRow("s", "spec steps", "--speculative-num-steps", "1", steps_pending),

@@ -339,7 +339,7 @@ async def test_the_release_sibling_sees_a_process_leave_at_once(proc: Path) -> N
     fake.context = True
     dashboard = telemetry(fake, proc, clock=clock, process_interval_s=1.0)
     assert (await dashboard.sample()).gpus[0].processes
-    release = dashboard.for_release(0.05)
+    release = dashboard.for_release()
     assert (await release.sample()).gpus[0].processes
     clock.now += 0.06
     fake.context = False  # the server was killed: the dashboard's list is not due for a second

@@ -67,7 +67,7 @@ cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | sed 's/^/T /'
 @dataclass(frozen=True)
 class AdoptProof:
     """What the process was when adopt read it: a later signal must find the very same (issue 24 item 3 re-reads
-    these right before it; not wired yet). start_time is field 22 of /proc/PID/stat, as in job records."""
+    these right before it: takeover.py). start_time is field 22 of /proc/PID/stat, as in job records."""
 
     host: str
     pid: int

@@ -104,6 +104,7 @@ def _sources(ev: Evidence) -> dict[str, str]:
         "gpu_facts": "not read" if facts is None else ", ".join(
             f"{name} {'read' if value else 'not read'}" for name, value in (
                 ("compute capability", facts.compute_cap), ("interconnect", facts.interconnect))),
+        "page_cache": "not read" if ev.page_cache is None else ev.page_cache.describe(),
     }
     if ev.problems:  # why a source was not read, in the words of the tool or host that failed
         sources["problems"] = "; ".join(ev.problems)

@@ -19,6 +19,7 @@ from app.core.hosts.base import Host, HostError
 from app.core.logs.parser import parse_lines, vllm_engine_config
 from app.core.measure.http_probes import get_json, server_info
 from app.core.server.jobs import JobRecord
+from app.core.telemetry.pagecache import PageCache, read_page_cache
 from app.core.telemetry.smi import telemetry_for
 from app.core.telemetry.topology import GpuFacts, read_gpu_facts
 
@@ -44,6 +45,7 @@ class Evidence:
     log_lines: int | None = None  # None: the log was not read
     gpus: tuple[GpuSample, ...] = ()
     gpu_facts: GpuFacts | None = None  # compute capability and interconnect (app.core.telemetry.topology)
+    page_cache: PageCache | None = None  # the model's weight files in the host's page cache (telemetry.pagecache)
     problems: tuple[str, ...] = field(default=())  # sources that could not be read, for people
 
     def field(self, name: str) -> Any:
@@ -128,6 +130,7 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
             problems.append(f"nvidia-smi: {snapshot.error.message}")
     finally:
         await telemetry.close()
+    page_cache = await read_page_cache(host, record.model)  # a model that is not a folder: its reason, no problem
     gpu_facts = await read_gpu_facts(host, record.gpus)
     problems += [f"gpu facts: {e}" for e in (gpu_facts.capability_error, gpu_facts.topology_error) if e]
     return Evidence(
@@ -139,5 +142,5 @@ async def gather_evidence(host: Host, record: JobRecord) -> Evidence:
         spec_decode=tuple(e for e in events if isinstance(e, SpecDecodeStats)),
         phases=tuple(e for e in events if isinstance(e, PhaseEvent)),
         log_lines=parsed.lines if parsed is not None else None,
-        gpus=gpus, gpu_facts=gpu_facts, problems=tuple(problems),
+        gpus=gpus, gpu_facts=gpu_facts, page_cache=page_cache, problems=tuple(problems),
     )

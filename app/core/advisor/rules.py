@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from app.core.advisor.evidence import Evidence
-from app.core.data import FlagValue, LogLine
+from app.core.data import FlagValue, LogLine, Phase
 from app.core.flags.catalog import release_tuple
 from app.core.flags.toggles import PREFILL_BACKEND_SINCE, prefill_graph_toggle
 from app.core.flags.values import format_value
@@ -28,6 +28,14 @@ LOW_ACCEPT_LEN = 1.3
 IDLE_SHARE = 0.2
 """A GPU of the server with more than this share of its memory unused is "a large share idle"."""
 MIN_LINES = 3
+SLOW_WEIGHTS_S = 10.0
+"""A weights phase shorter than this is not worth a page-cache finding."""
+COLD_SHARE = 0.5
+"""Less than this share of the model's files in the page cache: a launch now reads most of it from disk."""
+DISK_RATE_GIB_S = 2.0
+"""A weights phase that read the checkpoint slower than this read it from disk, not from RAM (the project's notes:
+~10 GB/s from a hot page cache on one 8-GPU host, ~0.23 GB/s from network storage with the cache dropped)."""
+PREFETCH_SINCE = "0.5.12"  # SGLang's --weight-loader-prefetch-checkpoints (the real parsers' dumps)
 
 
 @dataclass(frozen=True)
@@ -405,6 +413,46 @@ def check_memory_idle(ev: Evidence) -> Verdict | None:
     return Verdict("fix", what, (*evidence, source), {flag: target}, why)
 
 
+def _weights_seconds(ev: Evidence) -> tuple[float | None, str]:
+    """The weights phase's own elapsed figure (the largest: target and draft load apart), with its log line."""
+    timed = [p for p in ev.phases if p.phase == Phase.WEIGHTS and p.seconds is not None]
+    if not timed:
+        return None, ""
+    longest = max(timed, key=lambda p: p.seconds or 0.0)
+    return longest.seconds, f"log line {longest.line.number}: weights took {longest.seconds:.1f} s"
+
+
+def check_cold_page_cache(ev: Evidence) -> Verdict | None:
+    """A slow weights phase whose checkpoint is (or was, at launch) not in the host's page cache."""
+    seconds, line = _weights_seconds(ev)
+    cache = ev.page_cache
+    if seconds is None or seconds < SLOW_WEIGHTS_S or cache is None:
+        return None
+    share, total = cache.fraction, cache.total_bytes
+    if share is None or not total:
+        return None
+    rate = total / 2**30 / seconds
+    evidence = (line, f"page cache ({cache.tool}): {cache.describe()}")
+    fix = "`tunedash prewarm PROFILE` reads the files into RAM before the next launch"
+    release = release_tuple(ev.version)
+    since = release_tuple(PREFETCH_SINCE)
+    if ev.backend == "sglang" and (release is None or since is None or release >= since):
+        fix += ("; SGLang can do it itself at launch with --weight-loader-prefetch-checkpoints (each rank a share "
+                "of the shards: meant for network storage)")
+    if ev.flag("weight-loader-drop-cache-after-load"):
+        fix += "; --weight-loader-drop-cache-after-load empties the cache after every load: drop that flag"
+    if share < COLD_SHARE:
+        what = (f"cold page cache: the weights phase took {seconds:.1f} s and only {share:.0%} of the model's "
+                f"{total / 2**30:.1f} GiB is in the page cache: a launch now reads the rest from disk")
+        return Verdict("advice", what, evidence, {}, fix)
+    if rate < DISK_RATE_GIB_S:
+        what = (f"the weights phase read the checkpoint at {rate:.2f} GiB/s ({total / 2**30:.1f} GiB in "
+                f"{seconds:.1f} s), disk speed: the page cache was most likely cold at launch (it holds "
+                f"{share:.0%} now, which this load filled)")
+        return Verdict("advice", what, evidence, {}, fix)
+    return None
+
+
 def _engine(ev: Evidence, name: str) -> tuple[str | None, str]:
     """One field of vLLM's engine-config line, with the evidence text naming the line."""
     value = ev.engine.get(name)
@@ -521,6 +569,12 @@ RULES: tuple[Rule, ...] = (
           "speculation multiplies tokens per step", check_vllm_speculation),
     Rule("memory_idle", "vllm", ("", ""), "GPU memory left idle",
           "memory the server does not hold is KV cache it cannot use", check_memory_idle),
+    Rule("cold_page_cache", "sglang", ("", ""), "Weights read from disk (cold page cache)",
+          "a checkpoint in the page cache loads at RAM speed; from disk it can take ten times longer",
+          check_cold_page_cache),
+    Rule("cold_page_cache", "vllm", ("", ""), "Weights read from disk (cold page cache)",
+          "a checkpoint in the page cache loads at RAM speed; from disk it can take ten times longer",
+          check_cold_page_cache),
 )
 
 

@@ -42,14 +42,21 @@ FOLLOW_IDLE_MAX_S = 0.2  # ... and the longest while the file is quiet
 
 
 class LocalHost(Host):
-    """This machine. `extra_env` is added to every command (the simulated host adds its PATH here)."""
+    """This machine. `extra_env` is added to every command (the simulated host adds its PATH here); `nvml` is the
+    pynvml-shaped object that reads its GPUs (None: nvidia-ml-py's `pynvml`; the simulated host passes its own)."""
 
     is_local = True
 
     def __init__(
-        self, name: str = "local", *, extra_env: Mapping[str, str] | None = None, state_dir: str | None = None
+        self,
+        name: str = "local",
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        state_dir: str | None = None,
+        nvml: object | None = None,
     ) -> None:
         self.name = name
+        self.nvml = nvml
         self._extra_env = dict(extra_env or {})
         self._state_dir = state_dir or platformdirs.user_state_dir("tunedash")
 

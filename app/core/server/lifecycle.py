@@ -25,7 +25,7 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from app.core.data import (
     DecodeStats,
@@ -33,6 +33,7 @@ from app.core.data import (
     FatalEvent,
     Holder,
     LogEvent,
+    LogLine,
     Notice,
     ServerState,
 )
@@ -76,6 +77,18 @@ HEALTH_POLL_S = 0.25  # a custom profile's health_url, while it starts
 RECORD_WRITE_WAIT_S = 5.0  # close() waits this long at most for a record write under way (READY, a crash)
 
 
+class AdoptedServer(Protocol):
+    """A server started by hand that this lifecycle watches (app.core.adopt.takeover.Adoption): its in-memory record
+    (never saved), why its log is not followed, its liveness, and its one proven kill."""
+
+    record: jobs.JobRecord
+    log_note: str
+
+    async def alive(self) -> bool: ...
+
+    async def terminate(self, grace_s: float, say: Callable[[str, EventLevel], None]) -> None: ...
+
+
 class ServerLifecycle:
     """Launch, watch, kill and confirm-free one profile's server on one host."""
 
@@ -113,6 +126,9 @@ class ServerLifecycle:
         self._interrupted_kill: tuple[jobs.JobRecord, float, bool] | None = None  # (record, SIGTERM at, confirm)
         # called right before every signal and launch (the driver lock's check); raises to refuse
         self.before_act: Callable[[str], Awaitable[None]] | None = None
+        # with no record of ours: the server started by hand that runs this profile (a Session sets it; docs/adopt.md)
+        self.find_adopted: Callable[[], Awaitable[AdoptedServer | None]] | None = None
+        self.adopted: AdoptedServer | None = None
         self._marks: dict[str, float] = {}
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         # A listener or a background task that fails is said in the event log (and the `tunedash` logger).
@@ -194,14 +210,14 @@ class ServerLifecycle:
         """Re-attach to this profile's recorded job. True when it is alive and now watched."""
         record = await jobs.load_job(self.host, self.profile, report=self._say)
         if record is None:
-            return False
+            return await self._attach_adopted()
         self.record = record
         check = await jobs.check_job(self.host, record)
         if not check.members:
             self._say(check.refusal or f"recorded server (pid {record.pid}) is not running any more",
                       "warning" if check.refusal else "info")
             self._set_state(ServerState.STOPPED)
-            return False
+            return await self._attach_adopted()
         self._say(f"re-attached to pid {record.pid} (group {record.pgid}) launched by {record.launched_by}")
         self._attached_times = dict(record.phase_times)
         try:  # the lines already there are a replay: its window only (app.core.hosts.window), never the whole log
@@ -213,6 +229,50 @@ class ServerLifecycle:
         self._set_state(ServerState.LAUNCHING)
         self._start_watch(record, window)
         return True
+
+    async def _attach_adopted(self) -> bool:
+        """Watch the server started by hand that runs this profile (find_adopted), as attach watches a job of ours:
+        its log (its stdout, when a file) replayed and followed, READY once its health URL answers."""
+        adopted = self.adopted
+        if adopted is None or not await adopted.alive():
+            adopted = await self.find_adopted() if self.find_adopted is not None else None
+        if adopted is None:
+            return False
+        self.adopted, self.record = adopted, adopted.record
+        self._attached_times = {}
+        window: LogWindow | bool | None = False
+        if adopted.record.log_path:
+            try:
+                window = await self.host.read_window(adopted.record.log_path)
+            except HostError as exc:
+                adopted.log_note = f"the log {adopted.record.log_path} is not followed ({exc})"
+        if adopted.log_note:
+            self.notices.append(Notice("warning", adopted.log_note, LogLine(0, "")))
+            self._say(adopted.log_note, "warning")
+        self._set_state(ServerState.LAUNCHING)
+        self._start_watch(adopted.record, window)
+        self._spawn(self._adopted_ready(adopted.record))
+        return True
+
+    async def _adopted_ready(self, record: jobs.JobRecord) -> None:
+        """An adopted server is READY when its health URL answers (its log may say nothing, or be out of sight)."""
+        url = health_url(self.profile)
+        if not url:
+            return
+        with contextlib.suppress(HostError):
+            url = await reach_url(self.host, url)
+        while self.state in STARTING_STATES and self.record is record:
+            health = await check_url(url, timeout_s=2.0)
+            if health.ok and self.state in STARTING_STATES:
+                self.health_ok = True
+                self._became_ready(record, confirm=False)
+                return
+            await asyncio.sleep(HEALTH_POLL_S * 4)
+
+    async def _alive(self, record: jobs.JobRecord) -> bool:
+        if self.adopted is not None and record is self.adopted.record:
+            return await self.adopted.alive()
+        return await jobs.job_alive(self.host, record)
 
     # ---- launch ----------------------------------------------------------------------------------
     async def preflight(self) -> dict[int, int]:
@@ -369,7 +429,7 @@ class ServerLifecycle:
                 if self.state in (ServerState.KILLING, ServerState.RELEASING):
                     continue
                 try:
-                    if not await jobs.job_alive(self.host, record):  # the leader's stat, not all of /proc
+                    if not await self._alive(record):  # the leader's stat, not all of /proc
                         break
                 except HostError:  # a remote host out of reach says nothing about the server: keep watching
                     continue
@@ -529,7 +589,9 @@ class ServerLifecycle:
     async def _save(self, record: jobs.JobRecord, *, follow: bool = True) -> None:
         """Save `record`, a compare-and-swap on its generation (jobs.save_job). When another tunedash wrote a
         newer record meanwhile (a CLI relaunch started another server), it is not overwritten: say so and, with
-        `follow`, re-attach to the server that record names."""
+        `follow`, re-attach to the server that record names. An adopted server's record is never saved."""
+        if self.adopted is not None and record is self.adopted.record:
+            return
         try:
             await jobs.save_job(self.host, record)
         except jobs.StaleRecord as exc:
@@ -540,11 +602,16 @@ class ServerLifecycle:
     # ---- kill and free ---------------------------------------------------------------------------
     async def kill(self, *, confirm_free: bool = True) -> FreeVerdict | None:
         """SIGTERM the group, wait the grace period, SIGKILL what is left; then confirm the GPUs free."""
+        if self.adopted is not None and self.record is self.adopted.record:
+            return await self._kill_adopted(self.adopted, confirm_free)
         record = self.record or await jobs.load_job(self.host, self.profile, report=self._say)
         if record is not None:
             self.record = record
         check = await jobs.check_job(self.host, record) if record else None
         members = list(check.members) if check else []
+        if (record is None or not members) and self.find_adopted is not None and await self._attach_adopted():
+            assert self.adopted is not None  # no record of ours, but a server started by hand runs this profile
+            return await self._kill_adopted(self.adopted, confirm_free)
         if record is None or not members:
             self._say(check.refusal if check and check.refusal else "no server of this profile is running")
             if self._watch_task:
@@ -574,6 +641,34 @@ class ServerLifecycle:
                           "is back; the kill then resumes (SIGKILL if the grace has passed)", "error")
             raise
         return await self._finish_kill(record, watch, confirm_free)
+
+    async def _kill_adopted(self, adopted: AdoptedServer, confirm_free: bool) -> FreeVerdict | None:
+        """The adopted server's one kill (AdoptedServer.terminate proves it first; a refusal signals nothing and
+        leaves it watched). After it the server is gone and this profile has no record until the next launch."""
+        record = adopted.record
+        if await adopted.alive():
+            if self.before_act is not None:
+                await self.before_act("kill")
+            was = self.state
+            self._set_state(ServerState.KILLING)
+            watch = self._watch_free(record) if confirm_free and self.profile.gpus else None
+            try:
+                await adopted.terminate(self.grace_s, self._say)
+            except BaseException:
+                if watch is not None:
+                    await watch.stop()
+                self._set_state(was)
+                raise
+        else:
+            self._say(f"the adopted server (pid {record.pid}) is not running any more")
+            watch = None
+        if self._watch_task:
+            self._watch_task.cancel()
+        self.adopted, self.record = None, None
+        if not confirm_free:
+            self._set_state(ServerState.STOPPED)
+            return None
+        return await self.confirm_free(record, watch=watch)
 
     async def _resume_kill(self) -> None:
         """After a reconnect: finish a kill the lost connection interrupted, SIGKILL at once if the grace passed."""

@@ -2,10 +2,20 @@
 
 The GPUs are sampled from the signal on (start_free_watch before terminate_group): the driver frees memory
 as the ranks exit, often before the whole group is gone, so FREE can follow the group's exit at once
-instead of starting to look then. The sampler is a tight one (release_telemetry): memory every
-RELEASE_POLL_MS and a fresh process list as often. A FreeCheck decides FREE: free on two consecutive
-samples. ServerLifecycle owns the states (KILLING, RELEASING, FREE, STUCK) and the event log; these
-functions only act and report through the callbacks they are given.
+instead of starting to look then. While a release is pending the GPUs are read at their source's own pace
+(release_sampler_for; docs/decisions.md#release-watch-at-the-sources-pace): NVML every 5 ms on this machine
+(the host's `nvml`: pynvml, or the simulated host's reader), else nvidia-smi's kept-open `-lms` stream every
+10 ms with two kept-open loops of process lists (SmiTelemetry(apps_loops=2)); NVML that cannot be read falls
+back to nvidia-smi at its first sample. Outside a pending release nothing here runs: the dashboard's own
+sampler keeps its pace. A FreeCheck decides FREE: free on two consecutive samples.
+
+The pending-release API: `start_free_watch(host, gpus, telemetry, baseline_mib, on_progress) -> FreeWatch`
+starts watching (call it right before the signal); `wait_free(watch, timeout_s)` ends it with the verdict;
+`FreeWatch.stop()` abandons it. `FreeWatch.check` is the FreeCheck being fed (what counts as free and whose
+processes are expected); `FreeWatch.source` says which sampler reads ("nvml" or "smi"). Progress goes to
+`on_progress` when the verdict changes and at most every PROGRESS_EVERY_S otherwise (at 5 ms a sample per
+event would flood the dashboard). ServerLifecycle owns the states (KILLING, RELEASING, FREE, STUCK) and the
+event log; these functions only act and report through the callbacks they are given.
 """
 
 from __future__ import annotations
@@ -22,10 +32,13 @@ from app.core.hosts.base import Host
 from app.core.server import jobs
 from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
-from app.core.telemetry.nvml import NvmlTelemetry
+from app.core.telemetry.nvml import RELEASE_PERIOD_MS, NvmlTelemetry, release_sampler
 from app.core.telemetry.smi import SmiTelemetry, Telemetry
 
-RELEASE_POLL_MS = 50  # SmiTelemetry.stream samples no faster than every 50 ms
+RELEASE_POLL_MS = 50  # a telemetry source of another kind (a test's fake) is read this often
+SMI_RELEASE_PERIOD_MS = 10  # nvidia-smi's -lms stream while a release is pending
+SMI_APPS_LOOPS = 2  # kept-open process-list loops while a release is pending (a list every ~T/2, T one query)
+PROGRESS_EVERY_S = 0.1  # progress reaches the listener at least this often while nothing changes
 SIGKILL_WAIT_S = 10.0  # how long a group may take to go after SIGKILL before the survivors are named
 
 
@@ -38,53 +51,97 @@ class FreeProgress:
     snapshot: GpuSnapshot | None = None  # the sample behind the verdict: a screen shows it with the verdict
 
 
+@dataclass(frozen=True)
+class ReleaseSampler:
+    """What reads the GPUs while a release is pending: a telemetry source, its period, whether the watch owns it
+    (and closes it), and the sampler to use instead when this one cannot read at its first sample."""
+
+    telemetry: Telemetry
+    period_ms: int
+    source: str  # "nvml" | "smi" | the source's own name
+    owned: bool = True
+    fallback: ReleaseSampler | None = None
+
+
+def release_sampler_for(host: Host, gpus: Sequence[int], telemetry: Telemetry) -> ReleaseSampler:
+    """The release watch's sampler for `host` (the module docstring says which and why)."""
+    if isinstance(telemetry, NvmlTelemetry):
+        return ReleaseSampler(telemetry.for_release(), RELEASE_PERIOD_MS, "nvml")
+    if not isinstance(telemetry, SmiTelemetry):
+        return ReleaseSampler(telemetry, RELEASE_POLL_MS, getattr(telemetry, "source", "telemetry"), owned=False)
+    smi = ReleaseSampler(SmiTelemetry(host, gpus, apps_loops=SMI_APPS_LOOPS), SMI_RELEASE_PERIOD_MS, "smi")
+    if getattr(host, "is_local", False):
+        nvml = release_sampler(gpus, getattr(host, "nvml", None))
+        return ReleaseSampler(nvml, RELEASE_PERIOD_MS, "nvml", fallback=smi)
+    return smi
+
+
+def _readable(snapshot: GpuSnapshot, sampler: ReleaseSampler) -> bool:
+    """Whether a sampler with a fallback can decide: it read every GPU, with nvidia-smi's memory semantics
+    (NVML v1 counts the driver's reserve, 615 MiB on an idle H200, and would never match the baseline)."""
+    if snapshot.error is not None or not snapshot.gpus:
+        return False
+    return sampler.source != "nvml" or all(gpu.memory_api == "nvml_v2" for gpu in snapshot.gpus)
+
+
 class FreeWatch:
     """Samples the GPUs in the background and feeds a FreeCheck; `confirmed` is set once they are free."""
 
     def __init__(
         self,
-        sampler: Telemetry,
+        sampler: ReleaseSampler,
         check: FreeCheck,
         progress: Callable[[FreeVerdict, GpuSnapshot], None],
-        *,
-        close_sampler: bool,
     ) -> None:
         self.started = time.monotonic()
         self.verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
         self.confirmed = asyncio.Event()
+        self.check = check
+        self.samples = 0  # snapshots fed to the check so far
         self._sampler = sampler
-        self._check = check
         self._progress = progress
-        self._close_sampler = close_sampler
+        self._told: tuple[FreeVerdict, float] | None = None
         self._tasks = TaskOwner("free watch")
         self._task = self._tasks.spawn(self._run(), "samples")
 
+    @property
+    def source(self) -> str:
+        """Which sampler reads now: "nvml", "smi" (after a fallback too), or a test source's name."""
+        return self._sampler.source
+
     async def _run(self) -> None:
-        async with contextlib.aclosing(self._sampler.stream(RELEASE_POLL_MS)) as snapshots:
-            async for snapshot in snapshots:
-                self.verdict = self._check.feed(snapshot)
-                self._progress(self.verdict, snapshot)
-                if self.verdict.confirmed:
-                    self.confirmed.set()
+        while True:
+            sampler = self._sampler
+            first = True
+            async with contextlib.aclosing(sampler.telemetry.stream(sampler.period_ms)) as snapshots:
+                async for snapshot in snapshots:
+                    if first and sampler.fallback is not None and not _readable(snapshot, sampler):
+                        break
+                    first = False
+                    self._feed(snapshot)
+                    if self.verdict.confirmed:
+                        self.confirmed.set()
+                        return
+                else:
                     return
+            if sampler.owned:
+                await sampler.telemetry.close()
+            assert sampler.fallback is not None
+            self._sampler = sampler.fallback
+
+    def _feed(self, snapshot: GpuSnapshot) -> None:
+        self.verdict = self.check.feed(snapshot)
+        self.samples += 1
+        now = time.monotonic()
+        told = self._told
+        if told is None or told[0] != self.verdict or now - told[1] >= PROGRESS_EVERY_S:
+            self._told = (self.verdict, now)
+            self._progress(self.verdict, snapshot)
 
     async def stop(self) -> None:
         await self._tasks.close()  # a sampler that failed was logged as it ended
-        if self._close_sampler:
-            await self._sampler.close()
-
-
-def release_telemetry(host: Host, gpus: Sequence[int], telemetry: Telemetry) -> Telemetry:
-    """A tight sampler for confirm-free: memory every 50 ms and a fresh process list as often.
-
-    The dashboard's sampler reads process lists once a second; after a kill that would hold FREE back
-    by up to a second (why and the H200 figures: docs/decisions.md#release-sampler).
-    """
-    if isinstance(telemetry, SmiTelemetry):
-        return SmiTelemetry(host, gpus, apps_interval_s=RELEASE_POLL_MS / 1000)
-    if isinstance(telemetry, NvmlTelemetry):
-        return telemetry.for_release(RELEASE_POLL_MS / 1000)
-    return telemetry
+        if self._sampler.owned:
+            await self._sampler.telemetry.close()
 
 
 def start_free_watch(
@@ -102,8 +159,7 @@ def start_free_watch(
     def progress(verdict: FreeVerdict, snapshot: GpuSnapshot) -> None:
         on_progress(FreeProgress(verdict, time.monotonic() - started, snapshot))
 
-    sampler = release_telemetry(host, gpus, telemetry)
-    return FreeWatch(sampler, check, progress, close_sampler=sampler is not telemetry)
+    return FreeWatch(release_sampler_for(host, gpus, telemetry), check, progress)
 
 
 async def wait_free(watch: FreeWatch, timeout_s: float) -> tuple[FreeVerdict, float]:

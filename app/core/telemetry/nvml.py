@@ -1,10 +1,12 @@
 """NvmlTelemetry: this machine's GPUs through NVML (nvidia-ml-py), every failing call a None plus a reason.
 
-Public API: ``NvmlTelemetry(indices=None, *, nvml=None, proc_root="/proc", process_interval_s=1.0)``
-with ``await sample() -> GpuSnapshot``, ``stream(period_ms=1000) -> AsyncIterator[GpuSnapshot]``,
-``await read_energy() -> EnergyCounters`` (the total energy counters, for app.core.telemetry.energy) and
-``await close()`` (nvmlShutdown). ``nvml`` is the pynvml module (imported lazily when None); tests inject a
-fake with the same functions, return shapes and exception classes.
+Public API: ``NvmlTelemetry(indices=None, *, nvml=None, proc_root="/proc", process_interval_s=1.0,
+min_period_ms=100, slow_interval_s=0.0)`` with ``await sample() -> GpuSnapshot``,
+``stream(period_ms=1000) -> AsyncIterator[GpuSnapshot]``, ``await read_energy() -> EnergyCounters`` (the total
+energy counters, for app.core.telemetry.energy) and ``await close()`` (nvmlShutdown); ``release_sampler(indices,
+nvml)`` and ``for_release()``: the release watch's sampler (memory and processes every 5 ms). ``nvml`` is the
+pynvml module (imported lazily when None); tests inject a fake with the same functions, return shapes and
+exception classes.
 
 Rules (the NVML facts behind them: docs/gpus.md#nvml-nvidia-ml-py):
 
@@ -46,6 +48,8 @@ from app.core.telemetry.smi_parse import FAILURE_HINTS
 log = logging.getLogger("tunedash")
 
 _MIB = 1024 * 1024
+RELEASE_PERIOD_MS = 5  # the release watch's pace on NVML (docs/decisions.md#release-watch-at-the-sources-pace)
+RELEASE_SLOW_S = 0.25  # ... and how often it re-reads utilization, temperature and power
 _PROCESS_FUNCTIONS = (
     ("v3", "nvmlDeviceGetComputeRunningProcesses_v3"),
     ("v2", "nvmlDeviceGetComputeRunningProcesses_v2"),
@@ -82,6 +86,8 @@ class _Device:
     processes: tuple[GpuProcess, ...] | None = None
     processes_reason: str = "process list not read yet"
     processes_taken_at: float | None = None
+    slow: tuple[int | None, int | None, int | None, dict[str, str]] = (None, None, None, {})
+    slow_at: float | None = None  # when utilization, temperature and power were last read
 
 
 @dataclass(frozen=True)
@@ -108,11 +114,15 @@ class NvmlTelemetry:
         process_interval_s: float = 1.0,
         backoff_s: tuple[float, float] = (0.5, 8.0),
         clock: Callable[[], float] = time.monotonic,
+        min_period_ms: int = 100,
+        slow_interval_s: float = 0.0,
     ) -> None:
         self.indices = sorted(set(indices)) if indices else None
         self._nvml = nvml
         self._proc_root = Path(proc_root)
         self._process_interval_s = process_interval_s
+        self._min_period_ms = min_period_ms
+        self._slow_interval_s = slow_interval_s  # utilization, temperature, power: re-read at most this often
         self._backoff_s = backoff_s
         self._clock = clock
         self._lock = asyncio.Lock()
@@ -122,6 +132,7 @@ class NvmlTelemetry:
         self._count = 0
         self._processes_read_at: float | None = None
         self.process_api: str | None = None  # "v3" | "v2" | "v1" once a process call worked
+        self._names: dict[int, str] = {}  # pid -> name, for pids of the last process lists (read /proc once)
 
     @property
     def memory_api(self) -> dict[int, str]:
@@ -134,8 +145,9 @@ class NvmlTelemetry:
             return await asyncio.to_thread(self._read)
 
     async def stream(self, period_ms: int = 1000) -> AsyncGenerator[GpuSnapshot, None]:
-        """A snapshot every `period_ms` (at least 100 ms); errors arrive as snapshots and are retried."""
-        period_s = max(int(period_ms), 100) / 1000
+        """A snapshot every `period_ms` (at least `min_period_ms`: 100 ms, 5 ms for the release watch's sibling);
+        errors arrive as snapshots and are retried."""
+        period_s = max(int(period_ms), self._min_period_ms) / 1000
         backoff = self._backoff_s[0]
         while True:
             started = self._clock()
@@ -149,19 +161,13 @@ class NvmlTelemetry:
                 backoff = self._backoff_s[0]
             await asyncio.sleep(delay)
 
-    def for_release(self, process_interval_s: float) -> NvmlTelemetry:
-        """A sibling that reads the process list as often as memory, for confirm-free after a kill.
-
-        NVML counts nvmlInit/nvmlShutdown pairs, so the sibling's own init and close leave this one working.
-        """
-        return NvmlTelemetry(
-            self.indices,
-            nvml=self._nvml,
-            proc_root=str(self._proc_root),
-            process_interval_s=process_interval_s,
-            backoff_s=self._backoff_s,
-            clock=self._clock,
-        )
+    def for_release(self, period_ms: int = RELEASE_PERIOD_MS) -> NvmlTelemetry:
+        """A sibling for the release watch: memory and the process list every `period_ms` (5 ms: a read costs
+        ~10 us a GPU), utilization, temperature and power at most every RELEASE_SLOW_S (the GPU panel shows the
+        watch's last sample). NVML counts nvmlInit/nvmlShutdown pairs, so the sibling's own init and close leave
+        this one working (why the pace: docs/decisions.md#release-watch-at-the-sources-pace)."""
+        return release_sampler(self.indices, self._nvml, period_ms, proc_root=str(self._proc_root),
+                               clock=self._clock)
 
     async def read_energy(self) -> EnergyCounters:
         """Every selected GPU's total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ since the driver
@@ -243,6 +249,9 @@ class NvmlTelemetry:
         if read_processes:
             self._processes_read_at = now
         gpus = tuple(self._read_device(nvml, device, now, read_processes) for device in devices)
+        if read_processes:
+            listed = {p.pid for gpu in gpus for p in gpu.processes or ()}
+            self._names = {pid: name for pid, name in self._names.items() if pid in listed}
         error = None
         if self._missing_indices:
             error = TelemetryError(
@@ -296,15 +305,25 @@ class NvmlTelemetry:
                              taken_at=now, source="nvml")
         unavailable = dict(device.static_unavailable)
         used, total = self._memory(nvml, device, unavailable)
-        utilization = self._call(
-            "utilization_pct", unavailable, lambda: int(nvml.nvmlDeviceGetUtilizationRates(device.handle).gpu)
-        )
-        temperature = self._call(
-            "temperature_c",
-            unavailable,
-            lambda: int(nvml.nvmlDeviceGetTemperature(device.handle, nvml.NVML_TEMPERATURE_GPU)),
-        )
-        power_mw = self._call("power_w", unavailable, lambda: int(nvml.nvmlDeviceGetPowerUsage(device.handle)))
+        if device.slow_at is None or now - device.slow_at >= self._slow_interval_s:
+            slow_unavailable: dict[str, str] = {}
+            utilization = self._call(
+                "utilization_pct",
+                slow_unavailable,
+                lambda: int(nvml.nvmlDeviceGetUtilizationRates(device.handle).gpu),
+            )
+            temperature = self._call(
+                "temperature_c",
+                slow_unavailable,
+                lambda: int(nvml.nvmlDeviceGetTemperature(device.handle, nvml.NVML_TEMPERATURE_GPU)),
+            )
+            power_mw = self._call(
+                "power_w", slow_unavailable, lambda: int(nvml.nvmlDeviceGetPowerUsage(device.handle))
+            )
+            device.slow = (utilization, temperature, power_mw, slow_unavailable)
+            device.slow_at = now
+        utilization, temperature, power_mw, slow_unavailable = device.slow
+        unavailable.update(slow_unavailable)
         if read_processes:
             self._read_processes(nvml, device, now)
         if device.processes is None:
@@ -388,7 +407,7 @@ class NvmlTelemetry:
         used = getattr(info, "usedGpuMemory", None)
         return GpuProcess(
             pid=pid,
-            name=self._process_name(pid),
+            name=self._names.get(pid) or self._names.setdefault(pid, self._process_name(pid)),
             used_mib=None if used is None else round(int(used) / _MIB),
             gpu_uuid=gpu_uuid,
         )
@@ -404,6 +423,26 @@ class NvmlTelemetry:
             if comm:
                 return comm
         return "[unknown]"
+
+
+def release_sampler(
+    indices: Sequence[int] | None,
+    nvml: Any,
+    period_ms: int = RELEASE_PERIOD_MS,
+    *,
+    proc_root: str = "/proc",
+    clock: Callable[[], float] = time.monotonic,
+) -> NvmlTelemetry:
+    """An NvmlTelemetry for a pending release (see NvmlTelemetry.for_release); `nvml` None is pynvml itself."""
+    return NvmlTelemetry(
+        indices,
+        nvml=nvml,
+        proc_root=proc_root,
+        process_interval_s=0.0,  # a fresh process list with every memory reading
+        clock=clock,
+        min_period_ms=1,
+        slow_interval_s=RELEASE_SLOW_S,
+    )
 
 
 def _init_error(exc: BaseException) -> TelemetryError:

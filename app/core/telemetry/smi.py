@@ -76,6 +76,12 @@ __all__ = ["NvmlTelemetry", "SmiTelemetry", "Telemetry", "snapshot_to_json", "te
 
 _EXIT = "\x00exit:"
 _STDERR = "\x00stderr:"
+_APPS_ARRIVED = "\x00apps"  # a new process list from the apps loop (never a line a host prints: NUL)
+APPS_LOOP_END = "tunedash-apps-end"
+# One kept-open exec that runs the one-shot process-list query back to back and ends each run with a marker line
+# and its exit status, so an empty list is still told apart from "not printed yet" (a failing query waits 1 s).
+APPS_LOOP_STAGGER_S = 0.015  # several loops start this far apart, so their runs do not end together
+APPS_LOOP_SCRIPT = f'while :; do "$@"; rc=$?; echo "{APPS_LOOP_END} $rc"; [ "$rc" -eq 0 ] || sleep 1; done'
 
 log = logging.getLogger("tunedash")
 
@@ -116,6 +122,7 @@ class SmiTelemetry:
         apps_max_age_s: float | None = None,
         backoff_s: tuple[float, float] = (0.5, 8.0),
         clock: Callable[[], float] = time.monotonic,
+        apps_loops: int = 0,
     ) -> None:
         self.host = host
         self.indices = sorted(set(indices)) if indices else None
@@ -130,6 +137,10 @@ class SmiTelemetry:
         self._apps_task: asyncio.Task[_AppsReading] | None = None
         self._tasks = TaskOwner(f"nvidia-smi {host.name}")
         self._known_uuids: dict[int, str] = {}
+        self._apps_loops = apps_loops
+        self._queue: asyncio.Queue[str | BaseException | None] | None = None
+        self._apps_loop_tasks: list[asyncio.Task[None]] = []
+        self._last_rows: list[tuple[int, SmiGpuRow]] = []
 
     # ---- one-shot --------------------------------------------------------------------------------
 
@@ -223,7 +234,7 @@ class SmiTelemetry:
 
     async def stream(self, period_ms: int = 1000) -> AsyncGenerator[GpuSnapshot, None]:
         """Snapshots every `period_ms` until the consumer stops iterating; failures arrive as snapshots."""
-        period_ms = max(int(period_ms), 50)
+        period_ms = max(int(period_ms), 10 if self._apps_loops else 50)
         backoff = self._backoff_s[0]
         try:
             while True:
@@ -233,6 +244,11 @@ class SmiTelemetry:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._backoff_s[1])
                     continue
+                if self._apps_loops and not self._apps_loop_tasks:
+                    self._apps_loop_tasks = [
+                        asyncio.create_task(self._run_apps_loop(k * APPS_LOOP_STAGGER_S))
+                        for k in range(self._apps_loops)
+                    ]
                 expected = sorted(gpu.index for gpu in first.gpus)
                 async with contextlib.aclosing(self._loop(period_ms, expected)) as ticks:
                     async for snapshot in ticks:
@@ -244,6 +260,78 @@ class SmiTelemetry:
         finally:
             await self._cancel_apps()
 
+    async def _lines(self, argv: list[str]) -> AsyncGenerator[str, None]:
+        """The -lms loop's lines; with the apps loop, interleaved with _APPS_ARRIVED when a new list came."""
+        if not self._apps_loops:
+            async with contextlib.aclosing(self.host.stream_lines(argv, env=self._env)) as lines:
+                async for line in lines:
+                    yield line
+            return
+        queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
+        self._queue = queue
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(self.host.stream_lines(argv, env=self._env)) as lines:
+                    async for line in lines:
+                        await queue.put(line)
+            except Exception as exc:  # handed to the reader, which turns it into an error snapshot
+                await queue.put(exc)
+            await queue.put(None)
+
+        pumping = asyncio.create_task(pump())
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if self._queue is queue:
+                self._queue = None
+            pumping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pumping
+
+    async def _run_apps_loop(self, delay_s: float) -> None:
+        """Keep APPS_LOOP_SCRIPT running on the host; each run's rows become the newest process list (unless a
+        list started later came first: with several loops, their runs overlap)."""
+        argv = ["sh", "-c", APPS_LOOP_SCRIPT, "sh", *apps_query_argv(self.indices, executable=self._executable)]
+        await asyncio.sleep(delay_s)
+        while True:
+            rows: list[str] = []
+            stderr: list[str] = []
+            started = self._clock()
+            try:
+                async with contextlib.aclosing(self.host.stream_lines(argv, env=self._env)) as lines:
+                    async for line in lines:
+                        if line.startswith(_STDERR):
+                            stderr.append(line[len(_STDERR) :])
+                        elif line.startswith(APPS_LOOP_END):
+                            reading = self._apps_reading(started, line, rows, stderr)
+                            if self._apps is None or reading.started_at >= self._apps.started_at:
+                                self._apps = reading
+                                if self._queue is not None:
+                                    self._queue.put_nowait(_APPS_ARRIVED)
+                            rows, stderr, started = [], [], self._clock()
+                        elif not line.startswith(_EXIT):
+                            rows.append(line)
+                reason = "the process-list loop ended"
+            except Exception as exc:
+                reason = f"the process-list loop failed: {_host_failure(self.host, exc).message}"
+            self._apps = _AppsReading(self._clock(), None, reason)
+            await asyncio.sleep(self._backoff_s[0])
+
+    def _apps_reading(self, started: float, marker: str, rows: list[str], stderr: list[str]) -> _AppsReading:
+        """One run of the apps loop: its rows when it exited 0, else why not (the tool's own words)."""
+        code = _exit_code(_EXIT + marker[len(APPS_LOOP_END) :])
+        text = "\n".join(rows)
+        error = classify_smi_failure(code, text, "\n".join(stderr))
+        if code != 0:
+            message = error.message if error is not None else f"exit code {code}"
+            return _AppsReading(started, None, f"compute-apps query failed: {message}")
+        processes, _ = parse_compute_apps_csv(text + "\n" if text else "")
+        return _AppsReading(started, tuple(processes))
+
     async def _loop(self, period_ms: int, expected: list[int]) -> AsyncGenerator[GpuSnapshot, None]:
         """One run of the -lms loop: ticks, then one error snapshot when it ends."""
         argv = gpu_query_argv(GPU_LOOP_FIELDS, self.indices, loop_ms=period_ms, executable=self._executable)
@@ -252,9 +340,13 @@ class SmiTelemetry:
         messages: deque[str] = deque(maxlen=20)
         stderr: deque[str] = deque(maxlen=20)
         returncode: int | None = None
-        lines = self.host.stream_lines(argv, env=self._env)
+        lines = self._lines(argv)
         try:
             async for line in lines:
+                if line == _APPS_ARRIVED:
+                    if not pending and self._last_rows:  # memory unchanged since the last tick, a new list
+                        yield await self._tick(self._last_rows, 0, period_ms)
+                    continue
                 if line.startswith(_EXIT):
                     returncode = _exit_code(line)
                     break
@@ -302,7 +394,9 @@ class SmiTelemetry:
 
     async def _tick(self, pending: list[tuple[int, SmiGpuRow]], skipped: int, period_ms: int) -> GpuSnapshot:
         period_s = period_ms / 1000
-        await self._refresh_apps(wait_s=min(period_s, 1.0))
+        self._last_rows = pending
+        if not self._apps_loops:
+            await self._refresh_apps(wait_s=min(period_s, 1.0))
         max_age = self._apps_max_age_s or max(5.0, 3 * max(period_s, self._apps_interval_s))
         taken_at = self._clock()
         return GpuSnapshot(
@@ -324,16 +418,22 @@ class SmiTelemetry:
             if not task.cancelled():
                 self._apps = task.result()
 
+    async def close(self) -> None:
+        """Stop the compute-apps query in flight (streams stop when their iterator is closed)."""
+        await self._cancel_apps()
+
     async def _cancel_apps(self) -> None:
         task, self._apps_task = self._apps_task, None
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def close(self) -> None:
-        """Stop the compute-apps query in flight (streams stop when their iterator is closed)."""
-        await self._cancel_apps()
+        loop_tasks, self._apps_loop_tasks = self._apps_loop_tasks, []
+        self._queue = None
+        for loop_task in loop_tasks:
+            loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
 
 
 def _indexed(rows: list[SmiGpuRow], indices: Sequence[int] | None) -> list[tuple[int, SmiGpuRow]]:
