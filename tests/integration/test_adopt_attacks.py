@@ -10,9 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,12 +46,6 @@ def test_a_pid_reused_between_the_ask_and_the_signal_is_refused(tmp_path: Path) 
     assert result["second_alive"] and result["signalled"] == []
 
 
-@pytest.fixture
-def shared_folder() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="tunedash-adopt-", dir="/tmp"))
-    folder.chmod(0o777)
-    yield folder
-    subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 @needs_root

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -167,13 +166,6 @@ def test_two_servers_on_one_gpu_set_are_said(by_hand: HandStarted, sim_host: Pat
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second Unix user needs root (useradd, runuser)")
 
 
-@pytest.fixture
-def shared_folder() -> Iterator[Path]:
-    """A folder under /tmp that the second user can read and write (tmp_path is root's only)."""
-    folder = Path(tempfile.mkdtemp(prefix="tunedash-adopt-", dir="/tmp"))
-    folder.chmod(0o777)
-    yield folder
-    subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 @needs_root
