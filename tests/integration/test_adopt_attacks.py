@@ -7,15 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
 from tests.integration.conftest import REPO, tunedash
 
 pytestmark = pytest.mark.slow
@@ -49,34 +46,17 @@ def test_a_pid_reused_between_the_ask_and_the_signal_is_refused(tmp_path: Path) 
 
 
 @needs_root
-def test_another_users_server_is_never_signalled_even_with_adopted_ok(shared_folder: Path) -> None:
-    from tests.integration.sshd import TEST_USER, _prepare_user
+def test_another_users_server_is_never_signalled_even_with_adopted_ok(their_server: int, shared_folder: Path) -> None:
+    from tests.integration.sshd import TEST_USER
 
-    _prepare_user()
-    fake_sglang(shared_folder)
-    port = str(free_port())
-    runner = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", f"PYTHONPATH={shared_folder}",
-                               sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--port", port],
-                              cwd="/", start_new_session=True)
-    pid = None
-    try:
-        deadline = time.monotonic() + 20
-        while pid is None:
-            found = subprocess.run(["pgrep", "-P", str(runner.pid)], capture_output=True, text=True).stdout.split()
-            pid = int(found[0]) if found else None
-            assert time.monotonic() < deadline, "the second user's process did not start"
-            time.sleep(0.1)
-        target = shared_folder / "theirs.toml"
-        assert tunedash("adopt", "--pid", str(pid), "--write", str(target)).returncode == 0
-        for extra in ([], ["--adopted-ok"]):
-            refused = tunedash("kill", str(target), *extra, "--grace", "1")
-            assert refused.returncode != 0
-            assert f"pid {pid} on local belongs to user {TEST_USER}: tunedash never signals another user's " \
-                   "process; nothing was signalled" in refused.stderr, refused.stderr
-            assert "SIGTERM" not in refused.stdout
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        assert state == "S"  # still sleeping: neither stopped nor killed
-    finally:
-        if pid is not None:  # the process this test started, by its pid
-            os.kill(pid, signal.SIGKILL)
-        runner.wait(timeout=10)
+    pid = their_server
+    target = shared_folder / "theirs.toml"
+    assert tunedash("adopt", "--pid", str(pid), "--write", str(target)).returncode == 0
+    for extra in ([], ["--adopted-ok"]):
+        refused = tunedash("kill", str(target), *extra, "--grace", "1")
+        assert refused.returncode != 0
+        assert f"pid {pid} on local belongs to user {TEST_USER}: tunedash never signals another user's " \
+               "process; nothing was signalled" in refused.stderr, refused.stderr
+        assert "SIGTERM" not in refused.stdout
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "S"  # still sleeping: neither stopped nor killed

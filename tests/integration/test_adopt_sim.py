@@ -169,42 +169,24 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second Unix user ne
 
 
 @needs_root
-def test_another_users_server_is_listed_with_its_user_and_never_signalled(shared_folder: Path) -> None:
-    from tests.integration.sshd import TEST_USER, _prepare_user
-    _prepare_user()
-    package = shared_folder / "sglang"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "launch_server.py").write_text("import time\ntime.sleep(300)\n")  # a server-like argv, harmless
-    port = str(free_port())
-    runner = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", f"PYTHONPATH={shared_folder}",
-                               sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--port", port],
-                              cwd="/", start_new_session=True)
-    pid = None
-    try:
-        deadline = time.monotonic() + 20
-        while pid is None:
-            found = subprocess.run(["pgrep", "-P", str(runner.pid)], capture_output=True, text=True).stdout.split()
-            pid = int(found[0]) if found else None
-            assert time.monotonic() < deadline, "the second user's process did not start"
-            time.sleep(0.1)
-        rows = [row for row in listing(None) if row["pid"] == pid]
-        assert len(rows) == 1
-        assert (rows[0]["user"], rows[0]["mine"]) == (TEST_USER, False)
-        assert f"belongs to user {TEST_USER}" in rows[0]["not_adoptable"]
-        text = tunedash("adopt").stdout
-        assert f"not adoptable: belongs to user {TEST_USER}: tunedash never signals another user's process" in text
-        target = shared_folder / "theirs.toml"
-        wrote = tunedash("adopt", "--pid", str(pid), "--write", str(target))
-        assert wrote.returncode == 0, wrote.stderr
-        assert f"user {TEST_USER}" in target.read_text()
-        assert normalised(launch_argv(load_profile(target))) == normalised(rows[0]["argv"])
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        assert state == "S"  # still sleeping: neither stopped nor killed
-    finally:
-        if pid is not None:  # the process this test started, by its pid
-            os.kill(pid, signal.SIGKILL)
-        runner.wait(timeout=10)
+def test_another_users_server_is_listed_with_its_user_and_never_signalled(their_server: int,
+                                                                         shared_folder: Path) -> None:
+    from tests.integration.sshd import TEST_USER
+
+    pid = their_server
+    rows = [row for row in listing(None) if row["pid"] == pid]
+    assert len(rows) == 1
+    assert (rows[0]["user"], rows[0]["mine"]) == (TEST_USER, False)
+    assert f"belongs to user {TEST_USER}" in rows[0]["not_adoptable"]
+    text = tunedash("adopt").stdout
+    assert f"not adoptable: belongs to user {TEST_USER}: tunedash never signals another user's process" in text
+    target = shared_folder / "theirs.toml"
+    wrote = tunedash("adopt", "--pid", str(pid), "--write", str(target))
+    assert wrote.returncode == 0, wrote.stderr
+    assert f"user {TEST_USER}" in target.read_text()
+    assert normalised(launch_argv(load_profile(target))) == normalised(rows[0]["argv"])
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "S"  # still sleeping: neither stopped nor killed
 
 
 @needs_root
