@@ -208,16 +208,16 @@ async def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _report_ab(experiment: Experiment, args: argparse.Namespace, store: HistoryStore) -> None:
-    data = experiment.result.to_json()
+    report = experiment.result.report()
     if args.json:
-        say(json.dumps(data, indent=2))
+        say(json.dumps(report.to_json(), indent=2))
         return
     if args.md and experiment.run_id is not None:
         run = store.run(experiment.run_id)
         if run is not None:
             say(export_run(run, "md"))
             return
-    say(experiment_text(data))
+    say(experiment_text(report))
     last = experiment.result.arms[experiment.spec.schedule()[-1].arm] if experiment.result.status == "done" else None
     if last is not None:
         say(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'})")

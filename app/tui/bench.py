@@ -32,8 +32,8 @@ from app.core.measure.bench import BenchSpec, summary_lines
 from app.core.measure.client import RequestResult
 from app.core.measure.experiment import Experiment, ExperimentFailed, ExperimentProgress, ExperimentSpec, parse_arm
 from app.core.measure.recorded import run_recorded_bench
-from app.core.measure.report import arm_rows, bench_rows, run_json
-from app.core.measure.store import HistoryStore, RunRow, StoreError
+from app.core.measure.report import RunReport, arm_rows, bench_rows, run_report
+from app.core.measure.store import HistoryStore, RequestRow, RunRow, StoreError
 from app.core.profiles.render import describe_change, profile_diff
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, ServerLogEvent
@@ -205,7 +205,12 @@ class HistoryScreen(Screen[None]):
         self.store = store
         self.cache = RunCache(store)
         self.listed: list[RunRow] = []
-        self.shown_run: RunRow | None = None
+        self.shown: RunReport | None = None
+        self.shown_rows: list[RequestRow] = []
+
+    @property
+    def shown_run(self) -> RunRow | None:
+        return None if self.shown is None else self.shown.run
 
     def compose(self) -> ComposeResult:
         yield Static(f"history: {self.store.path}", id="where")
@@ -218,8 +223,16 @@ class HistoryScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.run_worker(self._list(), name="history list", group="history")
+
+    async def _list(self) -> None:
+        """The runs, read in a thread (SQLite may wait for another writer's lock), then the list."""
+        try:
+            self.listed = await self.store.in_thread(self.store.runs)
+        except (StoreError, sqlite3.Error) as exc:
+            self.notify(f"{self.store.path}: {exc}", title="history unreadable", severity="error")
+            return
         rows = [["id", "kind", "profile", "status", "trials", "result"]]
-        self.listed = self.store.runs()
         for r in self.listed:
             rows.append([str(r.id), r.kind, r.profile, r.shown_status, str(r.trial_count), (r.verdict or "")[:80]])
         table = self.query_one("#runs", DataTable)
@@ -230,29 +243,59 @@ class HistoryScreen(Screen[None]):
         if event.data_table.id != "runs":
             return
         row = event.data_table.get_row_at(event.cursor_row)
-        run = self.cache.get(int(row[0]))
+        self.run_worker(self._show(int(row[0])), name="history run", group="history-run", exclusive=True)
+
+    def _read(self, run_id: int) -> tuple[RunReport, list[RequestRow], list[RunRow]] | None:
+        """In a thread: the run's report, its requests and its profile's runs (for the trend)."""
+        run = self.cache.get(run_id)
         if run is None:
+            return None
+        return run_report(run), self.cache.request_rows(run), self.cache.profile_runs(run.profile, self.listed)
+
+    async def _show(self, run_id: int) -> None:
+        try:
+            loaded = await asyncio.to_thread(self._read, run_id)
+        except (StoreError, sqlite3.Error) as exc:
+            self.notify(f"{self.store.path}: run #{run_id}: {exc}", title="history unreadable", severity="error")
             return
-        self.shown_run = run
-        data = run_json(run)
+        if loaded is None:
+            return
+        report, requests, others = loaded
+        self.shown, self.shown_rows = report, requests
         detail = self.query_one("#detail-table", DataTable)
-        if run.kind == "ab":
-            _table(detail, arm_rows(data))
-            diff = ", ".join(f"--{c['flag']} {c['a']} -> {c['b']}" for c in data.get("config_diff", []))
-            self.query_one("#detail", Static).update(f"{data.get('verdict') or ''}\n{diff}")
+        if report.run.kind == "ab":
+            _table(detail, arm_rows(report.experiment))
+            diff = ", ".join(f"--{c.flag} {c.old} -> {c.new}" for c in report.config_diff)
+            self.query_one("#detail", Static).update(f"{report.verdict or ''}\n{diff}")
         else:
-            _table(detail, bench_rows(data.get("summary") or {}))
+            _table(detail, bench_rows(report.summary or {}))
             self.query_one("#detail", Static).update("")
-        self.query_one(ComparePlots).show(compare_plots_view(data, self.cache.request_rows(run)))
-        self.query_one(TrendPlot).show(trend_view(run, self.cache.profile_runs(run.profile, self.listed)))
+        self.query_one(ComparePlots).show(compare_plots_view(report.experiment, requests))
+        self.query_one(TrendPlot).show(trend_view(report.run, others))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "runs":  # enter on the list (the table takes the key before the binding)
             self.action_open_run()
 
     def action_open_run(self) -> None:
-        if self.shown_run is not None:
-            self.app.push_screen(CompareScreen(self.shown_run, self.cache.request_rows(self.shown_run)))
+        """The highlighted run's compare screen (read first when its detail has not shown yet)."""
+        table = self.query_one("#runs", DataTable)
+        if not table.row_count:
+            return
+        run_id = int(table.get_row_at(table.cursor_row)[0])
+        if self.shown is not None and self.shown.run.id == run_id:
+            self.app.push_screen(CompareScreen(self.shown, self.shown_rows))
+        else:
+            self.run_worker(self._open(run_id), name="history compare", group="history-open", exclusive=True)
+
+    async def _open(self, run_id: int) -> None:
+        try:
+            loaded = await asyncio.to_thread(self._read, run_id)
+        except (StoreError, sqlite3.Error) as exc:
+            self.notify(f"{self.store.path}: run #{run_id}: {exc}", title="history unreadable", severity="error")
+            return
+        if loaded is not None:
+            self.app.push_screen(CompareScreen(loaded[0], loaded[1]))
 
     def action_close(self) -> None:
         self.store.close()
@@ -355,20 +398,20 @@ async def _ab(dashboard: Dashboard, screen: RunScreen, spec: ExperimentSpec) -> 
             screen.say(p.text)
             session.command.progress(p.text.split(": relaunch with")[0])  # "arm A launch 1/2", "A trial 2/4 ..."
         if p.kind == "trial":
-            data = experiment.result.to_json()
-            screen.show_table(arm_rows(data))
-            screen.show_plots(compare_plots_view(data))  # launch values; the distributions at the end
+            report = experiment.result.report()
+            screen.show_table(arm_rows(report))
+            screen.show_plots(compare_plots_view(report))  # launch values; the distributions at the end
 
     def on_lifecycle(event: LifecycleEvent) -> None:
         text = getattr(event, "text", None)
         if text and not isinstance(event, ServerLogEvent):
             screen.say(f"  {text}")
 
-    def request_rows() -> list[dict[str, Any]]:
+    async def request_rows() -> list[RequestRow]:
         if store is None or experiment.run_id is None:
             return []
         try:
-            return store.request_rows(experiment.run_id)
+            return await store.in_thread(store.request_rows, experiment.run_id)
         except sqlite3.Error:
             return []  # the plots go without distributions; the table and verdict still show
 
@@ -384,9 +427,9 @@ async def _ab(dashboard: Dashboard, screen: RunScreen, spec: ExperimentSpec) -> 
         raise
     finally:
         unsubscribe()
-        data = experiment.result.to_json()
-        screen.show_table(arm_rows(data), data.get("verdict") or "")
-        screen.show_plots(compare_plots_view(data, request_rows()))
+        report = experiment.result.report()
+        screen.show_table(arm_rows(report), report.verdict or "")
+        screen.show_plots(compare_plots_view(report, await request_rows()))
         if store is not None:
             screen.say(f"saved as run #{experiment.run_id} (tunedash export {experiment.run_id} --format md)")
             store.close()

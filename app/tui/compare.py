@@ -7,8 +7,8 @@ a fixed size and writes Textual's own screenshot of it (`compare_svg`), so the S
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -16,8 +16,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.measure.report import arm_rows, bench_rows, config_diff, run_json
-from app.core.measure.store import RunRow
+from app.core.measure.report import RunReport, arm_rows, bench_rows, run_report
+from app.core.measure.store import RequestRow, RunRow
 from app.tui.plots import compare_plots_view
 from widgets.arm_plot import ComparePlots
 
@@ -38,21 +38,22 @@ def run_heading(run: RunRow) -> str:
     return f"{run.kind} #{run.id}: {run.profile} ({run.backend}, {run.model}) on {run.host}, {when}, {run.shown_status}"
 
 
-def run_verdict(run: RunRow, data: Mapping[str, Any]) -> str:
+def run_verdict(report: RunReport) -> str:
     """The verdict line(s) and, for an A/B, the flags that differ between the first two arms."""
-    lines = [str(c.get("verdict")) for c in data.get("comparisons") or [] if c.get("verdict")]
+    lines = [c.verdict for c in report.experiment.comparisons if c.verdict]
+
     def shown(value: object) -> str:
         return "unset" if value is None else str(value)
 
-    diff = ", ".join(f"--{c.flag} {shown(c.old)} -> {shown(c.new)}" for c in config_diff(run))
+    diff = ", ".join(f"--{c.flag} {shown(c.old)} -> {shown(c.new)}" for c in report.config_diff)
     if diff:
         lines.append(f"A -> B: {diff}")
     return "\n".join(lines)
 
 
-def table_rows(run: RunRow, data: Mapping[str, Any]) -> list[list[str]]:
+def table_rows(report: RunReport) -> list[list[str]]:
     """The screen's table: the arms for an A/B, the summary for a bench."""
-    return arm_rows(dict(data)) if run.kind == "ab" else bench_rows(data.get("summary") or {})
+    return arm_rows(report.experiment) if report.run.kind == "ab" else bench_rows(report.summary or {})
 
 
 def svg_size(rows: list[list[str]]) -> tuple[int, int]:
@@ -73,22 +74,21 @@ class CompareScreen(Screen[None]):
     CompareScreen ComparePlots { height: 1fr; min-height: 10; }
     """
 
-    def __init__(self, run: RunRow, rows: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, report: RunReport, rows: Sequence[RequestRow]) -> None:
         super().__init__()
-        self.stored = run
-        self.data = run_json(run)
+        self.report = report
         self.rows = rows
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(run_heading(self.stored), id="heading")
+            yield Static(run_heading(self.report.run), id="heading")
             yield DataTable(id="arms", cursor_type="none", zebra_stripes=True)
-            yield Static(run_verdict(self.stored, self.data), id="verdict")
-            yield ComparePlots(compare_plots_view(self.data, self.rows))
+            yield Static(run_verdict(self.report), id="verdict")
+            yield ComparePlots(compare_plots_view(self.report.experiment, self.rows))
         yield Footer()
 
     def on_mount(self) -> None:
-        _fill(self.query_one(DataTable), table_rows(self.stored, self.data))
+        _fill(self.query_one(DataTable), table_rows(self.report))
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -97,18 +97,19 @@ class CompareScreen(Screen[None]):
 class _ShotApp(App[str]):
     """A bare app that shows one CompareScreen, screenshots it and exits with the SVG text."""
 
-    def __init__(self, run: RunRow, rows: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, report: RunReport, rows: Sequence[RequestRow]) -> None:
         super().__init__()
-        self.compare = CompareScreen(run, rows)
+        self.compare = CompareScreen(report, rows)
 
     def on_mount(self) -> None:
         self.push_screen(self.compare)
 
 
-async def compare_svg(run: RunRow, rows: Sequence[Mapping[str, Any]], size: tuple[int, int] | None = None) -> str:
+async def compare_svg(run: RunRow, rows: Sequence[RequestRow], size: tuple[int, int] | None = None) -> str:
     """The compare screen of `run` at `size` (default: `svg_size` of its table), as Textual's SVG screenshot."""
-    app = _ShotApp(run, rows)
-    size = size or svg_size(table_rows(run, app.compare.data))
+    report = run_report(run)
+    app = _ShotApp(report, rows)
+    size = size or svg_size(table_rows(report))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         svg = app.export_screenshot(title=f"tunedash {run.kind} #{run.id}")

@@ -1,18 +1,18 @@
 """Turns history rows and experiment results into the plain views of widgets.arm_plot.
 
-`compare_plots_view` takes an experiment's JSON (app.core.measure.report.run_json of a stored run, or a live
-ExperimentResult.to_json()) and the run's per-request rows (HistoryStore.request_rows); `trend_view` takes the
-runs of the store. Values that are missing, not numbers or not finite are left out here, so a widget only sees
-floats; an older run without launch values is plotted by its trial values (the plot says which).
+`compare_plots_view` takes an experiment's typed report (app.core.measure.results.ExperimentReport: a stored run's
+`report.run_report(run).experiment`, or a live `ExperimentResult.report()`) and the run's stored requests
+(`HistoryStore.request_rows`, `RequestRow`s); `trend_view` takes the runs of the store. Values that are not finite
+are left out here, so a widget only sees plottable floats.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from app.core.measure.store import HistoryStore, RunRow
+from app.core.measure.results import ExperimentReport
+from app.core.measure.store import HistoryStore, RequestRow, RunRow
 from widgets.arm_plot import (
     ArmValuesView,
     ComparePlotsView,
@@ -27,63 +27,43 @@ TREND_RUNS = 100
 """How many of the profile's newest runs the trend plot looks through."""
 
 
-def _number(value: object) -> float | None:
-    """A finite float, or None for anything else (bools, strings, NaN, None)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+def _finite(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(v for v in values if math.isfinite(v))
 
 
-def _numbers(values: object) -> tuple[float, ...]:
-    if not isinstance(values, list | tuple):
-        return ()
-    return tuple(x for x in (_number(v) for v in values) if x is not None)
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
-def _interval(value: object) -> tuple[float, float] | None:
-    pair = _numbers(value)
-    return (min(pair), max(pair)) if len(pair) == 2 else None
-
-
-def launch_plot_view(data: Mapping[str, Any]) -> LaunchPlotView:
-    """Each arm's launch values (`launch_values`) with its mean and 95% interval; an older result that has no
-    launch values shows its trial values instead (unit "trial")."""
-    arms_json = [a for a in data.get("arms") or [] if isinstance(a, Mapping)]
-    by_launch = all("launch_values" in a for a in arms_json) and bool(arms_json)
+def launch_plot_view(report: ExperimentReport) -> LaunchPlotView:
+    """Each arm's launch values (the launch means) with its mean and 95% interval."""
     arms = tuple(
-        ArmValuesView(label=str(a.get("label", "?")),
-                      values=_numbers(a.get("launch_values") if by_launch else a.get("trials")),
-                      mean=_number(a.get("mean")), interval=_interval(a.get("ci95")))
-        for a in arms_json)
-    return LaunchPlotView(arms, unit="launch" if by_launch else "trial")
+        ArmValuesView(label=arm.label, values=_finite(arm.launch_values), mean=_finite_or_none(arm.mean),
+                      interval=arm.ci95 if arm.ci95 is not None and all(map(math.isfinite, arm.ci95)) else None)
+        for arm in report.arms)
+    return LaunchPlotView(arms, unit="launch")
 
 
-def _labels(data: Mapping[str, Any]) -> list[str]:
-    return [str(a.get("label", "?")) for a in data.get("arms") or [] if isinstance(a, Mapping)]
-
-
-def distribution_views(labels: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> tuple[DistributionView,
-                                                                                           DistributionView]:
+def distribution_views(labels: Sequence[str], rows: Iterable[RequestRow]) -> tuple[DistributionView,
+                                                                                    DistributionView]:
     """TTFT and ITL (the request's mean time per output token after the first) in ms, per arm, from the
     finished requests' rows; a row of an arm the labels do not name, or a failed request, is left out."""
     ttft: list[list[float]] = [[] for _ in labels]
     itl: list[list[float]] = [[] for _ in labels]
     for row in rows:
-        arm = row.get("arm_idx")
-        if not isinstance(arm, int) or not 0 <= arm < len(labels) or not row.get("ok"):
+        if not 0 <= row.arm_idx < len(labels) or not row.ok:
             continue
-        for key, into in (("ttft_s", ttft), ("tpot_s", itl)):
-            value = _number(row.get(key))
-            if value is not None and value >= 0:
-                into[arm].append(value * 1000.0)
+        for value, into in ((row.ttft_s, ttft), (row.tpot_s, itl)):
+            if value is not None and math.isfinite(value) and value >= 0:
+                into[row.arm_idx].append(value * 1000.0)
     return (DistributionView("TTFT ms", tuple((label, tuple(v)) for label, v in zip(labels, ttft, strict=True))),
             DistributionView("ITL ms", tuple((label, tuple(v)) for label, v in zip(labels, itl, strict=True))))
 
 
-def compare_plots_view(data: Mapping[str, Any], rows: Iterable[Mapping[str, Any]] = ()) -> ComparePlotsView:
-    """The compare view's three plots from an experiment's JSON and the run's request rows."""
-    ttft, itl = distribution_views(_labels(data), rows)
-    return ComparePlotsView(launch_plot_view(data), ttft, itl)
+def compare_plots_view(report: ExperimentReport, rows: Iterable[RequestRow] = ()) -> ComparePlotsView:
+    """The compare view's three plots from an experiment's report and the run's stored requests."""
+    ttft, itl = distribution_views([arm.label for arm in report.arms], rows)
+    return ComparePlotsView(launch_plot_view(report), ttft, itl)
 
 
 def run_value(run: RunRow, arm_idx: int) -> float | None:
@@ -114,12 +94,14 @@ def trend_view(run: RunRow, others: Iterable[RunRow]) -> TrendView:
 
 
 class RunCache:
-    """Stored runs by id, read once each (a finished run does not change; a running one is read again)."""
+    """Stored runs by id, read once each (a finished run does not change; a running one is read again).
+
+    Its reads are SQLite's: the screens call it from a thread worker, never on the event loop."""
 
     def __init__(self, store: HistoryStore) -> None:
         self.store = store
         self._runs: dict[int, RunRow] = {}
-        self._requests: dict[int, list[dict[str, Any]]] = {}
+        self._requests: dict[int, list[RequestRow]] = {}
 
     def get(self, run_id: int) -> RunRow | None:
         cached = self._runs.get(run_id)
@@ -130,7 +112,7 @@ class RunCache:
             self._runs[run_id] = run
         return run
 
-    def request_rows(self, run: RunRow) -> list[dict[str, Any]]:
+    def request_rows(self, run: RunRow) -> list[RequestRow]:
         """A run's per-request rows (the distributions), read once for a finished run."""
         if run.status == "running":
             return self.store.request_rows(run.id)

@@ -132,8 +132,8 @@ def test_interrupted_ab_keeps_finished_trials(make_profile: MakeProfile, tmp_pat
         detail = store.run(run.id)
         assert detail is not None
         assert len(detail.values(0)) == 3 and len(detail.values(1)) >= 1
-        assert all(len([r for r in store.request_rows(run.id) if r["arm_idx"] == t.arm_idx
-                        and r["launch_idx"] == t.launch_idx and r["trial_idx"] == t.trial_idx]) == 6
+        assert all(len([r for r in store.request_rows(run.id) if r.arm_idx == t.arm_idx
+                        and r.launch_idx == t.launch_idx and r.trial_idx == t.trial_idx]) == 6
                    for t in detail.trials)
         if how == "sigkill":
             assert proc.returncode == -signal.SIGKILL and run.status == "running"

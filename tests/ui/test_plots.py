@@ -14,10 +14,11 @@ from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Static
 
 from app.core.measure.client import RequestResult
-from app.core.measure.report import run_json
+from app.core.measure.report import run_report
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
 from app.tui.bench import HistoryScreen
 from app.tui.compare import CompareScreen, compare_svg, svg_size
+from tests.helpers import pilot_until
 from widgets.arm_plot import (
     ArmValuesView,
     ComparePlots,
@@ -153,10 +154,11 @@ async def test_history_plots_the_highlighted_run_and_opens_its_compare_screen(tm
     store, bench, ab = _ab_store(tmp_path / "h.sqlite3")
     app = HistoryApp(store)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause()
         screen = app.screen
         assert isinstance(screen, HistoryScreen)
-        assert screen.shown_run is not None and screen.shown_run.id == ab  # the newest run is highlighted
+        # the store is read in a thread worker: the newest run, highlighted, shows once it has been read
+        await pilot_until(pilot, lambda: screen.shown_run is not None, what="the newest run's detail")
+        assert screen.shown_run is not None and screen.shown_run.id == ab
         plots = screen.query_one(ComparePlots).view
         assert [a.values for a in plots.launches.arms] == [(100.5, 104.5), (131.5, 127.5)]
         assert plots.launches.unit == "launch"
@@ -165,14 +167,14 @@ async def test_history_plots_the_highlighted_run_and_opens_its_compare_screen(tm
         assert [[p.run_id for p in s.points] for s in trend.series] == [[bench, ab], [ab]]
         assert screen.query_one(TrendPlot).region.height > 0 and screen.query_one(LaunchPlot).region.width > 0
         await pilot.press("down")  # the bench: one arm, its one trial
-        await pilot.pause()
-        assert screen.shown_run is not None and screen.shown_run.id == bench
+        await pilot_until(pilot, lambda: screen.shown_run is not None and screen.shown_run.id == bench,
+                          what="the bench's detail")
         bench_view = screen.query_one(ComparePlots).view
         assert [a.label for a in bench_view.launches.arms] == ["running"]
-        await pilot.press("up", "enter")
-        await pilot.pause()
+        await pilot.press("up", "enter")  # enter before the detail of the run above has been read: still that run
+        await pilot_until(pilot, lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
         compare = app.screen
-        assert isinstance(compare, CompareScreen) and compare.stored.id == ab
+        assert isinstance(compare, CompareScreen) and compare.report.run.id == ab
         assert compare.query_one(DataTable).row_count == 2
         assert "faster" in str(compare.query_one("#verdict", Static).render())
         await pilot.press("escape")
@@ -214,7 +216,7 @@ def test_export_svg_writes_the_compare_screen(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     svg = out.read_text(encoding="utf-8")
     text = _svg_text(svg)  # parses as XML
-    verdict = run_json(run)["verdict"]
+    verdict = run_report(run).verdict
     assert verdict and verdict[:40] in text
     assert "TTFT ms" in text and "ITL ms" in text and "tok/s per launch" in text
     missing = subprocess.run([sys.executable, "-m", "app", "export", "999", "--format", "svg"],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.core.data import ServerState
-from app.core.measure.report import run_json
+from app.core.measure.report import run_report
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
 from app.core.profiles.loading import load_profile
 from app.core.profiles.types import Profile
@@ -48,9 +48,9 @@ async def test_ab_screen_plots_each_arm_and_its_requests(profile: Profile) -> No
         with HistoryStore() as store:
             run = store.run(store.runs()[0].id)
             assert run is not None
-            stored = run_json(run)
-            finished = [sum(1 for r in store.request_rows(run.id) if r["arm_idx"] == arm and r["ok"]) for arm in (0, 1)]
-        assert [a.values for a in view.launches.arms] == [tuple(a["launch_values"]) for a in stored["arms"]]
+            stored = run_report(run).experiment
+            finished = [sum(1 for r in store.request_rows(run.id) if r.arm_idx == arm and r.ok) for arm in (0, 1)]
+        assert [a.values for a in view.launches.arms] == [a.launch_values for a in stored.arms]
         assert min(len(a.values) for a in view.launches.arms) >= 2  # the default design: two launches per arm
         # every finished request of each arm is in its distributions (3 per trial here)
         assert finished[0] >= 6 and [len(v) for _, v in view.ttft.arms] == finished

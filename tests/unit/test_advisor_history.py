@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.advisor.history import best_reference, diff_findings
-from app.core.measure.experiment import ArmData, result_json
+from app.core.measure.results import ArmData, result_json
 from app.core.measure.store import HistoryStore
 
 SHAPE: dict[str, Any] = {"requests": 6, "concurrency": 2, "input_len": 32, "max_tokens": 48, "warmup": 1,

@@ -22,7 +22,7 @@ from app.core.measure.experiment import (
     Step,
     parse_arm,
 )
-from app.core.measure.report import experiment_text, export_run, run_json
+from app.core.measure.report import experiment_text, export_run, run_json, run_report
 from app.core.measure.stats import launch_ratio_stats, launch_verdict
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import load_profile
@@ -149,7 +149,8 @@ async def test_each_arm_runs_its_launches_and_every_launch_lands_in_the_history(
         for key in ("ratio", "ratio_ci", "verdict"):
             assert exported[key] == live[key]
         assert [a["launch_values"] for a in exported["arms"]] == [a["launch_values"] for a in live["arms"]]
-        assert experiment_text(exported) == experiment_text(live)
+        assert experiment_text(run_report(stored).experiment) == experiment_text(result.report())
+        assert run_report(stored).experiment.to_json() == {**live, "run_id": stored.id}
         md = export_run(stored, "md")
         assert "`--speculative-num-steps`: `1` -> `3`" in md and f"**Verdict:** {result.verdict}" in md
         assert "2 launch(es) per arm of 2 trial(s)" in md

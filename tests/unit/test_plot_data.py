@@ -1,12 +1,15 @@
-"""app.tui.plots: experiment JSON and stored request rows -> the plot widgets' views, degraded inputs included."""
+"""app.tui.plots: typed experiment reports and stored request rows -> the plot widgets' views, degraded inputs
+included."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 from app.core.measure.client import RequestResult
-from app.core.measure.store import HistoryStore
+from app.core.measure.results import ArmData, experiment_report
+from app.core.measure.store import HistoryStore, RequestRow
 from app.tui.plots import (
     RunCache,
     compare_plots_view,
@@ -16,44 +19,46 @@ from app.tui.plots import (
 )
 
 
-def _arm(label: str, trials: list[float], **extra: object) -> dict[str, object]:
-    return {"label": label, "overrides": "", "trials": trials, "mean": sum(trials) / len(trials) if trials else None,
-            "ci95": None, **extra}
+def _arm(label: str, launches: list[list[float]]) -> ArmData:
+    values = [v for vals in launches for v in vals]
+    return ArmData(label, "", values, [], 0, len(values), 10 * len(values), launches)
 
 
 def test_launch_values_are_the_dots_and_the_interval_is_kept() -> None:
-    data = {"arms": [_arm("A", [10, 11, 12, 13], launch_values=[10.5, 12.5], ci95=[9.0, 14.0]),
-                     _arm("B", [20, 21], launch_values=[20.5], ci95=None)]}
-    view = launch_plot_view(data)
+    report = experiment_report("done", [_arm("A", [[10.0, 11.0], [12.0, 13.0]]), _arm("B", [[20.0, 21.0]])])
+    view = launch_plot_view(report)
     assert view.unit == "launch"
     a, b = view.arms
-    assert (a.label, a.values, a.interval) == ("A", (10.5, 12.5), (9.0, 14.0))
-    assert (b.label, b.values, b.interval, b.mean) == ("B", (20.5,), None, 20.5)
-
-
-def test_a_result_without_launch_values_is_plotted_by_trials() -> None:
-    view = launch_plot_view({"arms": [_arm("A", [1.0, 2.0, 3.0], ci95=[0.5, 3.5])]})
-    assert view.unit == "trial"
-    assert view.arms[0].values == (1.0, 2.0, 3.0) and view.arms[0].interval == (0.5, 3.5)
+    assert (a.label, a.values, a.mean) == ("A", (10.5, 12.5), 11.5)
+    assert a.interval == report.arms[0].ci95 and a.interval is not None and a.interval[0] < 10.5
+    assert (b.label, b.values, b.interval, b.mean) == ("B", (20.5,), None, 20.5)  # one launch: no interval
 
 
 def test_bad_numbers_never_reach_the_widget() -> None:
-    data = {"arms": [_arm("A", [], launch_values=[1.0, float("nan"), "x", True, None, 2.0, float("inf")],
-                          ci95=["a", 2.0]), "not an arm"]}
-    view = launch_plot_view(data)
-    assert len(view.arms) == 1
+    arm = experiment_report("done", [_arm("A", [[1.0], [2.0]])]).arms[0]
+    bad = dataclasses.replace(arm, launch_values=(1.0, math.nan, 2.0, math.inf), mean=math.nan,
+                              ci95=(math.nan, 2.0))
+    view = launch_plot_view(dataclasses.replace(experiment_report("done", []), arms=(bad,)))
     assert view.arms[0].values == (1.0, 2.0) and view.arms[0].interval is None and view.arms[0].mean is None
-    assert launch_plot_view({}).arms == () and launch_plot_view({"arms": None}).arms == ()
+    assert launch_plot_view(experiment_report("done", [])).arms == ()
+    empty = experiment_report("failed", [_arm("A", [[]]), _arm("B", [])]).arms  # no successful trial
+    assert [(a.values, a.mean, a.interval) for a in launch_plot_view(
+        experiment_report("failed", [_arm("A", [[]]), _arm("B", [])])).arms] == [((), None, None)] * 2
+    assert all(a.mean is None for a in empty)
+
+
+def _row(arm: int, ok: bool, ttft: float | None, tpot: float | None) -> RequestRow:
+    return RequestRow(arm, 0, 0, 0, ok, 8, ttft, 1.0, tpot, 0.0, False, None if ok else "HTTP 500")
 
 
 def test_distributions_take_finished_requests_of_known_arms_in_ms() -> None:
     rows = [
-        {"arm_idx": 0, "ok": 1, "ttft_s": 0.05, "tpot_s": 0.01},
-        {"arm_idx": 0, "ok": 0, "ttft_s": 9.0, "tpot_s": 9.0},  # failed: left out
-        {"arm_idx": 1, "ok": 1, "ttft_s": 0.08, "tpot_s": None},  # one token: no ITL
-        {"arm_idx": 7, "ok": 1, "ttft_s": 0.08, "tpot_s": 0.02},  # no such arm
-        {"arm_idx": "0", "ok": 1, "ttft_s": 0.08, "tpot_s": 0.02},  # not an index
-        {"arm_idx": 1, "ok": 1, "ttft_s": -1.0, "tpot_s": math.nan},
+        _row(0, True, 0.05, 0.01),
+        _row(0, False, 9.0, 9.0),  # failed: left out
+        _row(1, True, 0.08, None),  # one token: no ITL
+        _row(7, True, 0.08, 0.02),  # no such arm
+        _row(-1, True, 0.08, 0.02),  # not an index
+        _row(1, True, -1.0, math.nan),
     ]
     ttft, itl = distribution_views(["A", "B"], rows)
     assert ttft.arms == (("A", (50.0,)), ("B", (80.0,)))
@@ -61,7 +66,7 @@ def test_distributions_take_finished_requests_of_known_arms_in_ms() -> None:
 
 
 def test_zero_requests_give_empty_distributions_for_every_arm() -> None:
-    view = compare_plots_view({"arms": [_arm("A", [1.0]), _arm("B", [2.0])]}, [])
+    view = compare_plots_view(experiment_report("done", [_arm("A", [[1.0]]), _arm("B", [[2.0]])]), [])
     assert view.ttft.arms == (("A", ()), ("B", ())) and view.itl.arms == (("A", ()), ("B", ()))
 
 

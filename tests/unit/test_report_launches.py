@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from app.core.measure.experiment import ArmData, TrialEnergy, arm_energy, energy_of, result_json
 from app.core.measure.report import experiment_text
+from app.core.measure.results import ArmData, TrialEnergy, arm_energy, energy_of, experiment_report, result_json
 
 
 def _energy(joules: float, tokens: int, method: str = "sim-power") -> dict[str, Any]:
@@ -42,7 +42,7 @@ def test_json_and_text_show_launches_trials_spreads_energy_and_both_verdicts():
     assert comp["ratio_ci"] is not None and comp["energy_ratio"] == pytest.approx(0.8138, abs=1e-4)
     assert data["verdict"] == ("B is 29% faster than A (95% CI 13-48%), and uses 19% less energy per token "
                                "(95% CI 10-26%)")
-    text = experiment_text(data)
+    text = experiment_text(experiment_report("done", [a, b]))
     header, row_a, row_b = text.splitlines()[:3]
     assert "launches x trials" in header and "launch CV" in header and "trial CV" in header and "J/token" in header
     assert "2x3" in row_a and "2.9%" in row_a and "0.510" in row_a  # launch CV of 101, 97; J/token
@@ -59,7 +59,7 @@ def test_energy_missing_in_one_trial_is_not_measured_never_zero():
     assert energy["measured"] is False and "j_per_token" not in energy and "1 of 6 trials" in energy["missing"]
     assert data["comparisons"][0]["energy_ratio"] is None
     assert data["verdict"].endswith("; energy not measured (method nvml)")
-    text = experiment_text(data)
+    text = experiment_text(experiment_report("done", [a, b]))
     assert "not measured" in text.splitlines()[1] and "0.000" not in text
 
 
@@ -73,17 +73,18 @@ def test_runs_without_energy_fields_and_bad_energy_values():
     good = {"method": "nvml", "joules": 3.0, "output_tokens": 10}
     assert energy_of({"energy": good}) == good
     bad_watts = ArmData("A", "", [1.0], [], 0, 1, 10, [[1.0]], [TrialEnergy(0, {**good, "mean_w_per_gpu": ["x"]})])
-    assert arm_energy(bad_watts)["mean_w_per_gpu"] is None  # type: ignore[index]
+    energy = arm_energy(bad_watts)
+    assert energy is not None and energy.mean_w_per_gpu is None
 
 
 def test_a_partial_launch_shows_in_the_design_column():
-    data = result_json("cancelled", [_arm("A", [[100.0, 101.0], [99.0]], None), _arm("B", [[120.0]], None)])
-    rows = experiment_text(data).splitlines()
+    report = experiment_report("cancelled", [_arm("A", [[100.0, 101.0], [99.0]], None), _arm("B", [[120.0]], None)])
+    rows = experiment_text(report).splitlines()
     assert "2+1" in rows[1] and "1x1" in rows[2]
 
 
 def test_the_bench_note_says_why_energy_is_missing():
-    from app.core.measure.experiment import energy_note_of
+    from app.core.measure.results import energy_note_of
 
     why = "nvidia-smi power.draw: GPU 1 gave no power samples"
     assert energy_note_of({"energy": None, "energy_note": why}) == why

@@ -44,7 +44,8 @@ def test_round_trip_of_a_run(tmp_path):
         assert run.values(0) == [50.0] and run.values(1) == []
         assert run.launches[0].phase_times == {"ready": 1.5} and run.launches[0].server_flags == {"x": 1}
         rows = store.request_rows(rid)
-        assert [r["ok"] for r in rows] == [1, 0] and rows[1]["error"] == "HTTP 500"
-        assert round(rows[0]["tpot_s"], 6) == round(0.4 / 15, 6)
+        assert [r.ok for r in rows] == [True, False] and rows[1].error == "HTTP 500"
+        assert rows[0].tpot_s is not None and round(rows[0].tpot_s, 6) == round(0.4 / 15, 6)
+        assert (rows[0].arm_idx, rows[0].launch_idx, rows[0].trial_idx, rows[0].idx) == (0, 0, 0, 0)
         assert store.run(rid + 100) is None
 

@@ -22,11 +22,9 @@ verdict gives both; energy missing in any trial reads "energy not measured", nev
 from __future__ import annotations
 
 import asyncio
-import math
 import shlex
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -37,14 +35,8 @@ from app.core.measure.acceptance import AcceptanceMeter
 from app.core.measure.bench import BenchResult, BenchSpec, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.http_probes import server_info
-from app.core.measure.stats import (
-    LaunchArmStats,
-    RatioStats,
-    energy_clause,
-    launch_arm_stats,
-    launch_ratio_stats,
-    launch_verdict,
-)
+from app.core.measure.results import ArmData, ExperimentReport, TrialEnergy, experiment_report
+from app.core.measure.stats import LaunchArmStats, RatioStats, launch_arm_stats, launch_ratio_stats
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import apply_overrides
 from app.core.profiles.render import launch_argv
@@ -141,44 +133,6 @@ class ExperimentProgress:
     value: float | None = None
 
 
-def energy_of(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """A trial summary's "energy" when it is usable (method, joules >= 0, output tokens >= 0), else None."""
-    energy = summary.get("energy")
-    if not isinstance(energy, dict):
-        return None
-    joules, tokens, method = energy.get("joules"), energy.get("output_tokens"), energy.get("method")
-    if (not isinstance(joules, (int, float)) or isinstance(joules, bool) or not math.isfinite(joules)
-            or joules < 0 or not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0
-            or not isinstance(method, str)):
-        return None
-    return energy
-
-
-def energy_note_of(summary: dict[str, Any]) -> str:
-    """Why a trial summary has no energy, as the bench wrote it ("energy_note", naming the method), else ""."""
-    note = summary.get("energy_note")
-    if not isinstance(note, str) or energy_of(summary) is not None:
-        return ""
-    if note.startswith("not measured (") and note.endswith(")"):  # the bench's "not measured (no energy meter)"
-        note = note[len("not measured ("):-1]
-    return note[:200]
-
-
-@dataclass(frozen=True)
-class TrialEnergy:
-    """One trial's energy, successful or not: its launch, the summary's energy as `energy_of` checked it (None
-    when the trial has none) and, then, why not (`energy_note_of`)."""
-
-    launch: int
-    energy: dict[str, Any] | None
-    note: str = ""
-
-    @classmethod
-    def of(cls, launch: int, summary: dict[str, Any]) -> TrialEnergy:
-        """From a trial's summary (live, or as the store read it)."""
-        return cls(launch, energy_of(summary), energy_note_of(summary))
-
-
 @dataclass
 class ArmOutcome:
     label: str
@@ -201,27 +155,6 @@ class ArmOutcome:
                        self.output_tokens, self.launches, list(self.energy))
 
 
-@dataclass(frozen=True)
-class ArmData:
-    """What result_json needs of one arm (a live ArmOutcome or a stored run). `launches` None: one launch.
-
-    energy: every trial's TrialEnergy, successful or not (None: a run stored before energy was measured)."""
-
-    label: str
-    overrides: str
-    values: list[float]
-    accept: list[float]
-    errors: int
-    requests: int
-    output_tokens: int
-    launches: list[list[float]] | None = None
-    energy: list[TrialEnergy] | None = None
-
-    @property
-    def by_launch(self) -> list[list[float]]:
-        return self.launches if self.launches is not None else [self.values]
-
-
 @dataclass
 class ExperimentResult:
     """What the experiment measured (possibly partial: status "cancelled" or "failed")."""
@@ -237,130 +170,18 @@ class ExperimentResult:
 
     def verdicts(self) -> list[str]:
         """One verdict per arm after the first, against the first (speed and energy)."""
-        return [c["verdict"] for c in self.to_json().get("comparisons", [])]
+        return [c.verdict for c in self.report().comparisons]
 
     @property
     def verdict(self) -> str:
         return self.verdicts()[0] if len(self.arms) > 1 else ""
 
+    def report(self) -> ExperimentReport:
+        """What was measured so far, typed (app.core.measure.results): for the screens and the text report."""
+        return experiment_report(self.status, [a.data() for a in self.arms], run_id=self.run_id, note=self.note)
+
     def to_json(self) -> dict[str, Any]:
-        return result_json(self.status, [a.data() for a in self.arms], run_id=self.run_id, note=self.note)
-
-
-def _round(x: float | None, digits: int = 3) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-def _interval(ci: tuple[float, float] | None, digits: int) -> list[float] | None:
-    return None if ci is None else [round(ci[0], digits), round(ci[1], digits)]
-
-
-def _watts(value: Any) -> list[float] | None:
-    if not isinstance(value, list) or not value:
-        return None
-    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in value):
-        return None
-    return [float(w) for w in value]
-
-
-def arm_energy(arm: ArmData) -> dict[str, Any] | None:
-    """The arm's energy: J/token over all its trials and per launch; "measured" False when any trial lacks it.
-
-    None when no trial carries an energy field at all (runs from before energy was measured)."""
-    entries = arm.energy or []
-    if not entries:
-        return None
-    got: list[tuple[int, dict[str, Any]]] = [(x.launch, x.energy) for x in entries if x.energy is not None]
-    methods = sorted({str(e["method"]) for _, e in got})
-    notes = sorted({x.note for x in entries if x.energy is None and x.note})
-    why = f": {'; '.join(notes)}" if notes else ""
-    if not got:
-        return {"measured": False, "methods": methods, "notes": notes, "missing": f"no trial measured energy{why}"}
-    if len(got) < len(entries):
-        return {"measured": False, "methods": methods, "notes": notes,
-                "missing": f"energy missing in {len(entries) - len(got)} of {len(entries)} trials{why}"}
-    joules = sum(float(e["joules"]) for _, e in got)
-    tokens = sum(int(e["output_tokens"]) for _, e in got)
-    per_launch: dict[int, list[float]] = {}
-    for k, e in got:
-        j, n = per_launch.setdefault(k, [0.0, 0.0])
-        per_launch[k] = [j + float(e["joules"]), n + int(e["output_tokens"])]
-    launch_jpt = [j / n for _, (j, n) in sorted(per_launch.items()) if n > 0]
-    watts = [_watts(e.get("mean_w_per_gpu")) for _, e in got]
-    mean_w: list[float] | None = None
-    first_w = watts[0]
-    if first_w and all(w is not None and len(w) == len(first_w) for w in watts):  # the trials' mean, per GPU
-        mean_w = [round(statistics.fmean(w[i] for w in watts if w is not None), 2) for i in range(len(first_w))]
-    return {"measured": True, "methods": methods, "joules": round(joules, 3), "output_tokens": tokens,
-            "j_per_token": round(joules / tokens, 6) if tokens else None,
-            "tokens_per_j": round(tokens / joules, 6) if joules > 0 else None,
-            "launch_j_per_token": [round(v, 6) for v in launch_jpt], "mean_w_per_gpu": mean_w}
-
-
-def _energy_text(first: ArmData, other: ArmData, ea: dict[str, Any] | None, eb: dict[str, Any] | None) -> str:
-    if ea and eb and ea["measured"] and eb["measured"]:
-        return energy_clause([[v] for v in ea["launch_j_per_token"]], [[v] for v in eb["launch_j_per_token"]],
-                             a_name=first.label, b_name=other.label)
-    notes = sorted({n for e in (ea, eb) if e for n in e.get("notes", [])})
-    if notes:
-        return f"energy not measured ({'; '.join(notes)})"
-    methods = sorted({m for e in (ea, eb) if e for m in e["methods"]})
-    return "energy not measured" + (f" (method {', '.join(methods)})" if methods else "")
-
-
-def result_json(status: str, arms: Sequence[ArmData], *, run_id: int | None = None, note: str = "") -> dict[str, Any]:
-    """The JSON of an experiment: per arm its launches x trials, launch_values (launch means), mean and ci95
-    from the launches, both spreads, energy; `ratio` and `ratio_ci` (B/A from launches) and `verdict`.
-
-    Used both for a live result and for a stored run, so `tunedash export` reproduces `tunedash ab --json`; this
-    is where an experiment's typed data becomes JSON.
-    """
-    items = list(arms)
-    out_arms = []
-    energies = []
-    for arm in items:
-        st = launch_arm_stats(arm.by_launch)
-        energy = arm_energy(arm)
-        energies.append(energy)
-        out_arms.append({
-            "label": arm.label, "overrides": arm.overrides, "trials": [round(v, 4) for v in arm.values],
-            "n": st.trials, "launches": st.launches,
-            "trials_per_launch": [len(vals) for vals in arm.by_launch if vals],
-            "launch_trials": [[round(v, 4) for v in vals] for vals in arm.by_launch if vals],
-            "launch_values": [round(v, 4) for v in st.launch_values],
-            "mean": _round(st.mean), "launch_cv": _round(st.launch_cv, 5), "trial_cv": _round(st.trial_cv, 5),
-            "ci95": _interval(st.ci95, 3),
-            "accept_len": _round(sum(arm.accept) / len(arm.accept)) if arm.accept else None,
-            "errors": arm.errors, "requests": arm.requests, "output_tokens": arm.output_tokens,
-            "energy": energy,
-        })
-    data: dict[str, Any] = {"run_id": run_id, "status": status, "metric": "output tok/s per trial",
-                            "unit": "launch", "arms": out_arms}
-    if len(items) > 1:
-        first = items[0]
-        comparisons = []
-        for i, other in enumerate(items[1:], start=1):
-            r = launch_ratio_stats(first.by_launch, other.by_launch)
-            ea, eb = energies[0], energies[i]
-            energy_ratio = None
-            if ea and eb and ea["measured"] and eb["measured"]:
-                energy_ratio = launch_ratio_stats([[v] for v in ea["launch_j_per_token"]],
-                                                  [[v] for v in eb["launch_j_per_token"]])
-            speed = launch_verdict(first.by_launch, other.by_launch, a_name=first.label, b_name=other.label)
-            energy_text = _energy_text(first, other, ea, eb)
-            comparisons.append({
-                "arm": other.label, "ratio": _round(r.ratio, 4), "ratio_ci": _interval(r.ci95, 4),
-                "df": r.df, "significant": r.significant,
-                "energy_ratio": None if energy_ratio is None else _round(energy_ratio.ratio, 4),
-                "energy_ratio_ci": None if energy_ratio is None else _interval(energy_ratio.ci95, 4),
-                "speed_verdict": speed, "energy_verdict": energy_text,
-                "verdict": f"{speed}{', and ' if energy_text.startswith('uses') else '; '}{energy_text}",
-            })
-        data.update(ratio=comparisons[0]["ratio"], ratio_ci=comparisons[0]["ratio_ci"],
-                    verdict=comparisons[0]["verdict"], comparisons=comparisons)
-    if note:
-        data["note"] = note
-    return data
+        return self.report().to_json()
 
 
 class ServerOwner(Protocol):
@@ -432,11 +253,11 @@ class Experiment:
             unsubscribe()
             self.result.status = status
             self.result.note = note
-            data = self.result.to_json()  # the launch statistics once, for the store and the "done" line
+            report = self.result.report()  # the launch statistics once, for the store and the "done" line
             if self.store is not None and self.run_id is not None:
-                await self.store.in_thread(self.store.finish_run, self.run_id, status, summary=data,
-                                           verdict=data.get("verdict"), note=note or None)
-        self._emit("done", str(data.get("verdict") or ""), trials_done=len(spec.schedule()),
+                await self.store.in_thread(self.store.finish_run, self.run_id, status, summary=report.to_json(),
+                                           verdict=report.verdict, note=note or None)
+        self._emit("done", report.verdict or "", trials_done=len(spec.schedule()),
                    trials_total=len(spec.schedule()))
         return self.result
 

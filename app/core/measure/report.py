@@ -1,8 +1,9 @@
 """Reports of benchmark and A/B runs: the arms table as text or Markdown, CSV of trials, JSON, from live or stored data.
 
-The same function renders `tunedash ab` output and `tunedash export ID`, from the same JSON
-(app.core.measure.experiment.result_json), so an export reproduces the table the run printed. Statistics are
-recomputed from the stored trial values, which is deterministic.
+The same functions render `tunedash ab` output and `tunedash export ID`, from the same typed report
+(app.core.measure.results.ExperimentReport: a live `ExperimentResult.report()`, or `run_report` of a stored run), so
+an export reproduces the table the run printed. Statistics are recomputed from the stored trial values, which is
+deterministic. JSON is made only here and in results.py, where data leaves the process (`--json`, exports).
 """
 
 from __future__ import annotations
@@ -11,16 +12,44 @@ import csv
 import io
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.data import FlagChange
-from app.core.measure.experiment import ArmData, TrialEnergy, energy_of, result_json
-from app.core.measure.store import RunRow
+from app.core.measure.results import ArmData, ArmEnergy, ExperimentReport, TrialEnergy, energy_of, experiment_report
+from app.core.measure.store import LaunchRow, RunRow
 from app.core.profiles.render import flag_diff
 
 
-def run_json(run: RunRow) -> dict[str, Any]:
-    """A stored run as JSON: for "ab" the experiment JSON (arms, ratio, ratio_ci, verdict) plus context."""
+@dataclass(frozen=True)
+class RunReport:
+    """A stored run as the screens and exports read it: the run, its experiment report (recomputed from the
+    stored trials), the flags that differ between its first two arms, and for a bench its one trial's summary."""
+
+    run: RunRow
+    experiment: ExperimentReport
+    config_diff: tuple[FlagChange, ...]
+    summary: dict[str, Any] | None = None  # a bench's BenchSummary as stored (JSON), None for an A/B
+
+    @property
+    def verdict(self) -> str | None:
+        return self.experiment.verdict
+
+    def to_json(self) -> dict[str, Any]:
+        """For "ab" the experiment JSON (arms, ratio, ratio_ci, verdict) plus the run's context."""
+        run = self.run
+        data = self.experiment.to_json()
+        data.update(kind=run.kind, profile=run.profile, host=run.host, backend=run.backend, model=run.model,
+                    started_at=run.started_at, finished_at=run.finished_at, params=run.params,
+                    config_diff=[_change_json(c) for c in self.config_diff],
+                    launches=[_launch_json(ln) for ln in run.launches])
+        if self.summary is not None:
+            data["summary"] = self.summary
+        return data
+
+
+def run_report(run: RunRow) -> RunReport:
+    """A stored run's report: per arm its trial values by launch, acceptance, errors and energy."""
     arms = []
     for arm in run.arms:
         trials = [t for t in run.trials if t.arm_idx == arm.idx]
@@ -31,19 +60,23 @@ def run_json(run: RunRow) -> dict[str, Any]:
         energy = [TrialEnergy.of(t.launch_idx, t.summary) for t in trials]
         arms.append(ArmData(arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens,
                             run.trials_by_launch(arm.idx), energy))
-    data = result_json(run.status, arms, run_id=run.id, note=run.note or "")
-    data.update(kind=run.kind, profile=run.profile, host=run.host, backend=run.backend, model=run.model,
-                started_at=run.started_at, finished_at=run.finished_at, params=run.params,
-                config_diff=[_change_json(c) for c in config_diff(run)],
-                launches=[{"arm": ln.arm_idx, "launch": ln.launch_idx, "outcome": ln.outcome,
-                           "phase_times": ln.phase_times, "argv": ln.argv} for ln in run.launches])
-    if run.kind == "bench" and run.trials:
-        data["summary"] = run.trials[0].summary
-    return data
+    report = experiment_report(run.status, arms, run_id=run.id, note=run.note or "")
+    summary = run.trials[0].summary if run.kind == "bench" and run.trials else None
+    return RunReport(run, report, tuple(config_diff(run)), summary)
+
+
+def run_json(run: RunRow) -> dict[str, Any]:
+    """A stored run as JSON (`export --format json`): `run_report(run).to_json()`."""
+    return run_report(run).to_json()
 
 
 def _change_json(change: FlagChange) -> dict[str, Any]:
     return {"flag": change.flag, "a": change.old, "b": change.new}
+
+
+def _launch_json(launch: LaunchRow) -> dict[str, Any]:
+    return {"arm": launch.arm_idx, "launch": launch.launch_idx, "outcome": launch.outcome,
+            "phase_times": launch.phase_times, "argv": launch.argv}
 
 
 def config_diff(run: RunRow) -> list[FlagChange]:
@@ -61,61 +94,58 @@ def _pct_cv(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f}%"
 
 
-def _design(arm: dict[str, Any]) -> str:
+def _design(trials_per_launch: tuple[int, ...]) -> str:
     """"2x3": launches x trials per launch ("2x3+2" when a launch ran fewer trials: cancelled or failed)."""
-    per = arm.get("trials_per_launch") or ([arm["n"]] if arm.get("n") else [])
-    if not per:
+    if not trials_per_launch:
         return "0"
-    if len(set(per)) == 1:
-        return f"{len(per)}x{per[0]}"
-    return "+".join(str(n) for n in per)
+    if len(set(trials_per_launch)) == 1:
+        return f"{len(trials_per_launch)}x{trials_per_launch[0]}"
+    return "+".join(str(n) for n in trials_per_launch)
 
 
-def energy_cell(energy: dict[str, Any] | None) -> str:
+def energy_cell(energy: ArmEnergy | None) -> str:
     """J/token of an arm, or why there is none ("not measured", never 0)."""
-    if not energy:
+    if energy is None:
         return "n/a"
-    if not energy.get("measured"):
+    if not energy.measured:
         return "not measured"
-    jpt = energy.get("j_per_token")
-    return "n/a" if jpt is None else f"{jpt:.3f}"
+    return "n/a" if energy.j_per_token is None else f"{energy.j_per_token:.3f}"
 
 
-def arm_rows(data: dict[str, Any]) -> list[list[str]]:
+def arm_rows(report: ExperimentReport) -> list[list[str]]:
     """Header + one row per arm: launches x trials, mean and 95% CI from the launches, both spreads, B/A, J/token."""
     rows = [["arm", "config", "launches x trials", "mean tok/s", "95% CI (launches)", "launch CV", "trial CV",
              "vs A (95% CI)", "J/token", "accept len", "errors"]]
-    comparisons = {c["arm"]: c for c in data.get("comparisons", [])}
-    for arm in data["arms"]:
-        ci = arm["ci95"]
-        comp = comparisons.get(arm["label"])
-        if comp and comp["ratio"] is not None:
-            rc = comp["ratio_ci"]
-            vs = f"{comp['ratio']:.3f}" + (f" ({rc[0]:.3f}-{rc[1]:.3f})" if rc else "")
+    for arm in report.arms:
+        ci = arm.ci95
+        comp = report.comparison(arm.label)
+        if comp is not None and comp.ratio is not None:
+            rc = comp.ratio_ci
+            vs = f"{comp.ratio:.3f}" + (f" ({rc[0]:.3f}-{rc[1]:.3f})" if rc else "")
         else:
             vs = "-"
-        rows.append([arm["label"], arm["overrides"] or "(profile)", _design(arm), _fmt(arm["mean"]),
-                     "n/a" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}", _pct_cv(arm.get("launch_cv")),
-                     _pct_cv(arm.get("trial_cv")), vs, energy_cell(arm.get("energy")),
-                     _fmt(arm["accept_len"], 2), f"{arm['errors']}/{arm['requests']}"])
+        rows.append([arm.label, arm.overrides or "(profile)", _design(arm.trials_per_launch), _fmt(arm.mean),
+                     "n/a" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}", _pct_cv(arm.launch_cv),
+                     _pct_cv(arm.trial_cv), vs, energy_cell(arm.energy),
+                     _fmt(arm.accept_len, 2), f"{arm.errors}/{arm.requests}"])
     return rows
 
 
-def launch_lines(data: dict[str, Any]) -> list[str]:
+def launch_lines(report: ExperimentReport) -> list[str]:
     """Per arm, its launch means (the observations the interval comes from) and, when measured, J/token."""
     out = []
-    for arm in data["arms"]:
-        values = ", ".join(f"{v:.1f}" for v in arm.get("launch_values") or []) or "none"
-        line = f"{arm['label']} launch means (tok/s): {values}"
-        energy = arm.get("energy") or {}
-        if energy.get("measured"):
-            jpt = ", ".join(f"{v:.3f}" for v in energy.get("launch_j_per_token") or [])
-            watts = energy.get("mean_w_per_gpu")
-            line += f"; J/token per launch: {jpt} ({', '.join(energy['methods'])})"
+    for arm in report.arms:
+        values = ", ".join(f"{v:.1f}" for v in arm.launch_values) or "none"
+        line = f"{arm.label} launch means (tok/s): {values}"
+        energy = arm.energy
+        if energy is not None and energy.measured:
+            jpt = ", ".join(f"{v:.3f}" for v in energy.launch_j_per_token)
+            watts = energy.mean_w_per_gpu
+            line += f"; J/token per launch: {jpt} ({', '.join(energy.methods)})"
             if watts:
                 line += f"; mean W per GPU: {', '.join(f'{w:.0f}' for w in watts)}"
-        elif energy:
-            line += f"; energy not measured ({energy.get('missing')})"
+        elif energy is not None:
+            line += f"; energy not measured ({energy.missing})"
         out.append(line)
     return out
 
@@ -131,19 +161,19 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def experiment_text(data: dict[str, Any]) -> str:
+def experiment_text(report: ExperimentReport) -> str:
     """The arms table and the verdict(s), for a terminal."""
-    out = [text_table(arm_rows(data)), *launch_lines(data)]
-    for comp in data.get("comparisons", []):
-        out.append(f"verdict: {comp['verdict']}")
-    if data.get("status") not in (None, "done"):
-        out.append(f"status: {data['status']}" + (f" ({data['note']})" if data.get("note") else ""))
+    out = [text_table(arm_rows(report)), *launch_lines(report)]
+    for comp in report.comparisons:
+        out.append(f"verdict: {comp.verdict}")
+    if report.status != "done":
+        out.append(f"status: {report.status}" + (f" ({report.note})" if report.note else ""))
     return "\n".join(out)
 
 
 def run_markdown(run: RunRow) -> str:
     """Ready to paste into a pull request: what changed, the table, the verdict, how it was measured."""
-    data = run_json(run)
+    report = run_report(run)
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at))
     out = [f"### tunedash {run.kind} #{run.id}: {run.profile} ({run.backend}, {run.model}) on {run.host}, {when}", ""]
     if run.kind == "ab":
@@ -154,16 +184,15 @@ def run_markdown(run: RunRow) -> str:
             out += [f"- `--{c.flag}`: `{c.old if c.old is not None else 'unset'}` -> "
                     f"`{c.new if c.new is not None else 'unset'}`" for c in diff]
             out.append("")
-        out.append(markdown_table(arm_rows(data)))
+        out.append(markdown_table(arm_rows(report.experiment)))
         out.append("")
-        out += [f"- {line}" for line in launch_lines(data)]
+        out += [f"- {line}" for line in launch_lines(report.experiment)]
         out.append("")
-        for comp in data.get("comparisons", []):
-            out.append(f"**Verdict:** {comp['verdict']}")
+        for comp in report.experiment.comparisons:
+            out.append(f"**Verdict:** {comp.verdict}")
         out.append("")
-    elif data.get("summary"):
-        s = data["summary"]
-        out.append(markdown_table(bench_rows(s)))
+    elif report.summary:
+        out.append(markdown_table(bench_rows(report.summary)))
         out.append("")
     bench = run.params.get("bench", run.params)
     if run.kind == "ab" and "launches" in run.params:
@@ -232,4 +261,4 @@ def export_run(run: RunRow, fmt: str) -> str:
         return run_markdown(run)
     if fmt == "csv":
         return run_csv(run)
-    return json.dumps(run_json(run), indent=2) + "\n"
+    return json.dumps(run_report(run).to_json(), indent=2) + "\n"

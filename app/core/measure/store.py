@@ -144,6 +144,25 @@ class LaunchRow:
 
 
 @dataclass(frozen=True)
+class RequestRow:
+    """One stored request of a trial, with the trial's arm, launch and trial index (the compare plots' TTFT and
+    ITL, audits). Times in seconds; None where the request never got that far."""
+
+    arm_idx: int
+    launch_idx: int
+    trial_idx: int
+    idx: int  # the request's place in its trial
+    ok: bool
+    output_tokens: int
+    ttft_s: float | None
+    latency_s: float | None
+    tpot_s: float | None
+    start_s: float | None
+    usage_missing: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
 class RunRow:
     """One run as the history lists it; arms/trials/launches are filled by HistoryStore.run()."""
 
@@ -460,26 +479,22 @@ class HistoryStore:
         return RunRow(**{**base.__dict__, "arms": arms, "trials": trials, "launches": launches})
 
     @_serialised
-    def request_rows(self, run_id: int) -> list[dict[str, Any]]:
-        """Every stored request of a run, with its arm and trial (for CSV export and audits); unreadable rows
+    def request_rows(self, run_id: int) -> list[RequestRow]:
+        """Every stored request of a run, with its arm and trial (the compare plots, audits); unreadable rows
         skipped and counted."""
         cur = self.db.execute(
             "SELECT t.arm_idx, t.launch_idx, t.trial_idx, q.idx, q.ok, q.output_tokens, q.ttft_s, q.latency_s, "
             "q.tpot_s, q.start_s, q.usage_missing, q.error FROM requests q JOIN trials t ON q.trial_id = t.id "
             "WHERE t.run_id = ? ORDER BY t.id, q.idx", (run_id,))
-        names = [d[0] for d in cur.description]
         rows = []
-        for row in cur.fetchall():
+        for arm, launch, trial, idx, ok, tokens, ttft, latency, tpot, start, missing, error in cur.fetchall():
             try:
-                for value in (*row[:6], row[10]):
-                    _int(value, optional=True)
-                for value in row[6:10]:
-                    _number(value)
-                _text(row[11], optional=True)
+                rows.append(RequestRow(_int(arm) or 0, _int(launch, optional=True) or 0, _int(trial) or 0,
+                                       _int(idx) or 0, bool(_int(ok)), _int(tokens) or 0, _number(ttft),
+                                       _number(latency), _number(tpot), _number(start), bool(_int(missing)),
+                                       _text(error, optional=True)))
             except BadRow as exc:
-                self._skip(f"run #{run_id} request {row[3]}", exc)
-                continue
-            rows.append(dict(zip(names, row, strict=True)))
+                self._skip(f"run #{run_id} request {idx}", exc)
         return rows
 
     @_serialised
