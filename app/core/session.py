@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections import deque
@@ -141,10 +140,10 @@ class Session:
         return self._listeners.subscribe(listener)
 
     def view(self) -> LifecycleView:
-        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read. Its job record is a
-        copy: the lifecycle keeps writing its own (state, phase times) while a screen holds this one."""
-        view = self.lifecycle.view()
-        return view if view.record is None else replace(view, record=copy.deepcopy(view.record))
+        """The server as the lifecycle knows it now, frozen: what the screens (and an A/B) read. Its job record and
+        phase times are copies (ServerLifecycle.view): the lifecycle keeps writing its own while a screen holds
+        this one."""
+        return self.lifecycle.view()
 
     def note(self, text: str, level: EventLevel = "info") -> None:
         """A line in the event log (the session's own, and the advisor's findings and what was applied)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import time
 from collections import deque
@@ -151,9 +152,11 @@ class ServerLifecycle:
         return self._listeners.subscribe(listener)
 
     def view(self) -> LifecycleView:
-        """What this lifecycle knows now, frozen."""
+        """What this lifecycle knows now, frozen: the job record is a copy (and phase_times a fresh dict), since the
+        lifecycle goes on writing its own (outcome, ready_at, phase times) while a screen or an A/B holds this."""
         return LifecycleView(
-            state=self.state, since=self.state_since, record=self.record, profile=self.profile,
+            state=self.state, since=self.state_since,
+            record=None if self.record is None else copy.deepcopy(self.record), profile=self.profile,
             phase_times=self.phase_times, notices=tuple(self.notices), fatal=self.fatal,
             last_lines=tuple(self.last_lines), holders=self.holders, health_ok=self.health_ok,
             last_decode=self.last_decode,
