@@ -2,12 +2,16 @@
 
 Unavailable values render as "n/a" with the reason as the cell's tooltip, never as 0. A sample older than
 two sample periods is marked stale with its age. Rows are keyed by GPU uuid and only cells whose text
-changed are touched, so 8 GPUs at 4 Hz cost little. One row can be selected (class "-selected", highlighted):
+changed are touched, so 8 GPUs at 4 Hz cost little. The owner sets `snapshot` (a reactive: the newest sample,
+frozen) as samples arrive; the panel shows it at most every `min_interval_s` and re-marks stale rows on its own
+timer, so nobody outside it diffs or ticks. One row can be selected (class "-selected", highlighted):
 a click posts Selected and the owner calls select(uuid).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -274,11 +278,17 @@ class GpuRow(Widget):
 class GpuPanel(Widget):
     """All GPUs of a host, one GpuRow each, keyed by uuid.
 
-    Call `update(snapshot_or_samples, now, period_s)` at the UI rate. `now` must be on the same clock
-    as `GpuSample.taken_at` (the client's time.monotonic()); a row whose sample is older than
-    2 * period_s shows "stale <age>". A snapshot carrying a TelemetryError keeps the last rows (which
+    Set `snapshot` as samples arrive (or call `update(snapshot_or_samples, now, period_s)` to show one at once).
+    `now` must be on the same clock as `GpuSample.taken_at` (the client's time.monotonic()); a row whose sample is
+    older than 2 * `period_s` shows "stale <age>". A snapshot carrying a TelemetryError keeps the last rows (which
     then go stale) and shows the error with its hint above them.
     """
+
+    snapshot: reactive[GpuSnapshot | None] = reactive(None, layout=False, repaint=False, init=False,
+                                                      always_update=True)
+    """The newest sample (frozen). Shown at once when the last one shown is `min_interval_s` old, else at the
+    panel's next timer tick (so a 4 Hz sampler costs a redraw at most every `min_interval_s`); only while the
+    panel's screen is the top one (dolphie: no UI updates while hidden or under a modal)."""
 
     DEFAULT_CSS = """
     GpuPanel {
@@ -300,13 +310,46 @@ class GpuPanel(Widget):
             self.index = index
             self.uuid = uuid
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+    def __init__(self, *, min_interval_s: float = 0.5, period_s: float = 1.0, name: str | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self.min_interval_s = min_interval_s
+        self.period_s = period_s  # the sampler's period: a row is stale after two
+        self._shown: GpuSnapshot | None = None  # the snapshot last shown
+        self._shown_at = -math.inf  # time.monotonic() when it was
         self.border_title = "GPUs"
         self._rows: dict[str, GpuRow] = {}
         self._error: TelemetryError | None = None
         self._selected: str | None = None
         self._names: tuple[str | None, ...] = ()
+
+    def on_mount(self) -> None:
+        self.set_interval(self.min_interval_s, self._tick)
+
+    def watch_snapshot(self, snapshot: GpuSnapshot | None) -> None:
+        if time.monotonic() - self._shown_at >= 0.95 * self.min_interval_s:  # 5% slack for the timer's jitter
+            self._show_newest()
+
+    def _tick(self) -> None:
+        """The panel's own clock: the newest snapshot when one waits, else the rows' ages."""
+        if self.snapshot is None or not self._in_front:
+            return  # an owner that calls update() itself keeps the clock (a fixed one in tests)
+        if self.snapshot is not None and self.snapshot is not self._shown:
+            self._show_newest()
+        else:
+            self.set_ages(time.monotonic(), self.period_s)
+
+    def _show_newest(self) -> None:
+        snapshot = self.snapshot
+        if snapshot is None or snapshot is self._shown or not self.is_mounted or not self._in_front:
+            return
+        self.update(snapshot, time.monotonic(), self.period_s)
+
+    @property
+    def _in_front(self) -> bool:
+        """The panel's screen is the top one (not under another screen, a modal included; Screen.is_current also
+        counts the screen right under the top one)."""
+        return self.app.screen is self.screen
 
     def compose(self) -> ComposeResult:
         """The error line and a placeholder until the first sample."""
@@ -334,9 +377,14 @@ class GpuPanel(Widget):
         for row_uuid, row in self._rows.items():
             row.set_class(row_uuid == self._selected, "-selected")
 
-    def update(self, data: GpuSnapshot | Sequence[GpuSample], now: float, period_s: float = 1.0) -> None:
-        """Show the newest samples; rows are added/removed only when the set of GPUs changes."""
+    def update(self, data: GpuSnapshot | Sequence[GpuSample], now: float, period_s: float | None = None) -> None:
+        """Show the newest samples; rows are added/removed only when the set of GPUs changes. `period_s` (when
+        given) becomes the panel's sample period."""
+        if period_s is not None:
+            self.period_s = period_s
+        self._shown_at = time.monotonic()
         if isinstance(data, GpuSnapshot):
+            self._shown = data
             self._set_error(data.error)
             samples: Sequence[GpuSample] = data.gpus
         else:
@@ -353,12 +401,13 @@ class GpuPanel(Widget):
                 if names != self._names:  # a name read late (n/a first): the column follows
                     self._names = names
                     self._fit_names()
-        self.set_ages(now, period_s)
+        self.set_ages(now, self.period_s)
 
-    def set_ages(self, now: float, period_s: float = 1.0) -> None:
-        """Only re-mark stale rows (call this at the UI rate when no new snapshot came)."""
+    def set_ages(self, now: float, period_s: float | None = None) -> None:
+        """Only re-mark stale rows (the panel's own timer does, once it is fed through `snapshot`)."""
+        limit = 2 * (self.period_s if period_s is None else period_s)
         for row in self._rows.values():
-            row.set_age(now, 2 * period_s)
+            row.set_age(now, limit)
 
     def _remount(self, samples: Sequence[GpuSample]) -> None:
         """Replace all rows (only when GPUs appear or disappear)."""

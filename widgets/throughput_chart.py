@@ -7,8 +7,8 @@ bucket per plot column.
 The chart draws its braille plot, frame, ticks, legend (on the frame's top line, over no data) and marker labels
 itself on a BrailleCanvas and keeps
 the strips until the next replot, resize or theme change (why not plotext: docs/decisions.md#chart-canvas).
-A new border subtitle (the app's latest figures, once a second) only
-redraws the border.
+The owner sets `figures` (a reactive: the line under the chart) as often as it likes; the chart writes it to
+its border subtitle with its next replot or timer tick, only when it changed, which redraws only the border.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Literal
 from rich.color import Color as RichColor
 from rich.style import Style
 from textual.color import Color
+from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -204,6 +205,10 @@ class ThroughputChart(Widget):
 
     XLABEL = "seconds ago"
 
+    figures: reactive[str] = reactive("", layout=False, repaint=False, init=False)
+    """The latest figures, for the border subtitle: drawn with the next replot or timer tick (not at once, so
+    a line recomputed every half second redraws the border at most every `min_interval_s`)."""
+
     def __init__(
         self,
         window_s: float = 300.0,
@@ -235,6 +240,7 @@ class ThroughputChart(Widget):
         self._lines: list[Strip] = []
         self._canvas: BrailleCanvas | None = None
         self._style_generation = 0
+        self._subtitle = ""  # the figures last written to the border
 
     def on_mount(self) -> None:
         """Start the throttling timer (unless the owner flushes)."""
@@ -291,8 +297,16 @@ class ThroughputChart(Widget):
         return self._dirty
 
     def _flush(self) -> None:
-        if self._dirty and self.shown:
-            self.replot()
+        if self.shown:
+            if self._dirty:
+                self.replot()
+            else:
+                self._write_figures()
+
+    def _write_figures(self) -> None:
+        if self.figures != self._subtitle:  # setting a border title refreshes the widget, even to the same text
+            self._subtitle = self.figures
+            self.border_subtitle = self.figures
 
     @property
     def shown(self) -> bool:
@@ -307,6 +321,7 @@ class ThroughputChart(Widget):
         """Take the stored data into the figure now (the timer calls this; tests may too): the y scales
         follow the data in the window, and the next frame draws it."""
         self._dirty = False
+        self._write_figures()
         self.replot_count += 1
         self._last_replot = time.monotonic()
         start, end = self._now - self.window_s, self._now

@@ -49,12 +49,14 @@ from app.core.profiles.types import Profile
 from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverClaim, DriverLock
 from app.core.server.events import (
     ActionLogged,
+    GpuSampled,
     Launched,
     LifecycleEvent,
     LifecycleView,
     Listeners,
     ServerLogEvent,
     StateChanged,
+    ThroughputAdded,
 )
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.release import FreeProgress
@@ -168,15 +170,21 @@ class Session:
             if event.replayed:
                 pass  # a re-attach replays the log: its old throughput lines are not live figures
             elif isinstance(payload, DecodeStats):
-                self.throughput.append(ThroughputPoint(time.time(), payload.gen_tps, "log", payload.accept_len))
+                self._add_point(ThroughputPoint(time.time(), payload.gen_tps, "log", payload.accept_len))
                 if payload.accept_len is not None:
                     self.observe_acceptance(time.time(), payload.accept_len, "log")
             elif isinstance(payload, SpecDecodeStats) and payload.mean_accept_len is not None:
                 if self.throughput:
                     last = self.throughput[-1]
                     self.throughput[-1] = replace(last, accept_len=payload.mean_accept_len)
+                    self._listeners.emit(ThroughputAdded(self.throughput[-1]))
                 self.observe_acceptance(time.time(), payload.mean_accept_len, "log")
         self._listeners.emit(event)
+
+    def _add_point(self, point: ThroughputPoint) -> None:
+        """A throughput point into the series; its listeners hear of it (the chart follows them)."""
+        self.throughput.append(point)
+        self._listeners.emit(ThroughputAdded(point))
 
     def observe_acceptance(self, at: float, accept_len: float, source: ReadingSource) -> None:
         """One acceptance reading (a log line's, a /metrics window's): the event log hears when speculation stops
@@ -348,6 +356,7 @@ class Session:
                 if _lists_processes_before(snapshot, self._release_floor):
                     continue  # older news than the sample that proved FREE (or STUCK): the panel keeps that one
                 self.snapshot = snapshot
+                self._listeners.emit(GpuSampled(snapshot))
 
     def _adopt_release_sample(self, snapshot: GpuSnapshot) -> None:
         """The release watcher's sample becomes the GPU panel's, so the panel shows what made the verdict (FREE,
@@ -356,6 +365,7 @@ class Session:
             return
         self.snapshot = snapshot
         self._release_floor = min((g.processes_taken_at or g.taken_at) for g in snapshot.gpus)
+        self._listeners.emit(GpuSampled(snapshot))
 
     def _follow_server_log(self, path: str) -> None:
         """Keep the log view's lines from this launch's log (one follower at a time)."""
@@ -403,7 +413,7 @@ class Session:
             return
 
         def on_point(point: ThroughputPoint) -> None:
-            self.throughput.append(point)
+            self._add_point(point)
 
         def on_status(status: ProbeStatus) -> None:
             was = self.probe_status.state if self.probe_status is not None else "running"
@@ -446,7 +456,7 @@ class Session:
 
         def on_rate(rate: MetricsRate) -> None:
             self.last_metrics = rate
-            self.throughput.append(rate.point())  # an idle window is a real 0 tok/s
+            self._add_point(rate.point())  # an idle window is a real 0 tok/s
             if rate.accept_len is not None:
                 self.observe_acceptance(rate.at, rate.accept_len, "metrics")
 
@@ -594,6 +604,7 @@ class Session:
         self._stop_probe()
         self.note(f"relaunch: {change}")
         self.markers.append(RelaunchMarker(time.time(), change))
+        self._listeners.emit(ThroughputAdded(None))
         timeout = new_profile.ready_timeout_s if ready_timeout_s is None else ready_timeout_s
         state = await self.lifecycle.relaunch(new_profile, ready_timeout_s=timeout)
         if state == ServerState.READY:

@@ -7,10 +7,12 @@ starts a command goes through the Session's one command slot (app.core.command);
 state (read-only, a command in progress, no ready server), so the footer dims them and the palette leaves them out,
 and on_key says why when one is pressed anyway.
 
-Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, posted by the
-Session's listeners): the event log takes each new line, the footer asks check_action again when the state or the
-command changes. The GPU panel, the server panel's ages and the chart follow the clock, so a 2 Hz tick pushes them
-(docs/decisions.md#ui-push-rate).
+Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, GpuMessage,
+ThroughputMessage, posted by the Session's listeners): the event log takes each new line, the footer asks
+check_action again when the state or the command changes (`gates`, a reactive), the GPU panel takes each new
+sample as its `snapshot` and the chart each new point (both throttle themselves and keep their own clock). What
+only the clock moves (the server panel's times, the header's connection age, the chart's figures line) is
+recomputed by a 2 Hz tick into reactives that redraw only on change (docs/decisions.md#ui-push-rate).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.notifications import SeverityLevel
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Header
 
@@ -39,7 +42,14 @@ from app.core.data import GpuSnapshot, ServerState, printable
 from app.core.flags.catalog import is_tuning_flag
 from app.core.hosts.base import ConnectionChanged, HostError
 from app.core.profiles.types import Profile
-from app.core.server.events import ActionLogged, LifecycleEvent, LifecycleView, StateChanged
+from app.core.server.events import (
+    ActionLogged,
+    GpuSampled,
+    LifecycleEvent,
+    LifecycleView,
+    StateChanged,
+    ThroughputAdded,
+)
 from app.core.session import ReadOnlyError, Session
 from app.core.telemetry.pagecache import read_page_cache
 from app.tui import advisor, bench
@@ -70,8 +80,9 @@ from widgets import (
 )
 
 UI_PERIOD_S = 0.5
-"""The clock-driven widgets (GPU ages, the server panel's times, the chart) are pushed at 2 Hz; a key does not
-wait for the tick, its action pushes what it changed at once. Why 2 Hz: docs/decisions.md#ui-push-rate."""
+"""What the clock moves (the server panel's times, the figures line) is recomputed at 2 Hz, and the GPU panel shows
+a new sample at most this often; a key does not wait for the tick, its action pushes what it changed at once. Why
+2 Hz: docs/decisions.md#ui-push-rate."""
 CHART_PERIOD_S = 2.0
 """The chart replots at most every 2 s (why: docs/decisions.md#chart-rate)."""
 PAGE_CACHE_PERIOD_S = 60.0
@@ -129,8 +140,27 @@ class CommandMessage(Message):
         self.command = command
 
 
+class GpuMessage(Message):
+    """A newer GPU sample (the Session's GpuSampled). A queued one is replaced by the next (toolong's can_replace):
+    a slow screen shows the newest sample, never a backlog."""
+
+    def __init__(self, snapshot: GpuSnapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, GpuMessage)
+
+
+class ThroughputMessage(Message):
+    """The Session's throughput series or markers grew (ThroughputAdded); queued ones collapse into one."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ThroughputMessage)
+
+
 POSTED = (ActionLogged, StateChanged, ConnectionChanged)
-"""The Session events the screen hears as messages; log lines and samples reach it through the tick."""
+"""The Session events the screen hears as SessionMessages (GpuSampled and ThroughputAdded have their own)."""
 
 
 class DashboardScreen(Screen[None]):
@@ -164,6 +194,10 @@ class DashboardScreen(Screen[None]):
     ]
     """The App's own keys (quit works on every screen), listed with the dashboard's in help and the palette."""
 
+    gates: reactive[tuple[object, ...]] = reactive((), init=False)
+    """What check_action's answers depend on (read-only, watching only, probe wanted, a command in progress, READY):
+    set on every Session and command message; a change asks the footer and the palette again."""
+
     def __init__(self, session: Session, *, keymap: dict[str, str], tuning_flags_only: bool = False,
                  back_to_fleet: Callable[[], None] | None = None) -> None:
         super().__init__()
@@ -173,24 +207,21 @@ class DashboardScreen(Screen[None]):
         self.fleet = back_to_fleet is not None  # opened from `tunedash fleet`: Escape goes back to it
         self._back_to_fleet = back_to_fleet
         self.baseline: Profile | None = None  # B: the config an A/B compares the pending flags against
-        self._pushed_snapshot: object = None  # the GPU snapshot last shown (a new one replaces it, else the ages)
-        self._figures_key: object = None
-        self._figures = ""
         self._connection_state: str | None = None  # the last connection state toasted
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
-        self._gates: object = None  # what check_action's answers depend on, when the footer last asked
         self._unsubscribe: list[object] = []
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        yield GpuPanel(id="gpus")
+        period_s = max(self.session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
+        yield GpuPanel(id="gpus", min_interval_s=UI_PERIOD_S, period_s=period_s)
         with Horizontal(id="middle"):
             yield ServerPanel(id="server")
             with Vertical(id="right"):
                 yield FlagsPanel(id="flags")
-                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S, own_timer=False)
+                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S)
         yield EventLog(id="events")
         yield KeyFooter()
 
@@ -206,6 +237,9 @@ class DashboardScreen(Screen[None]):
         # the log so far, then each new line as a message (subscribed first: no line falls between the two)
         self._unsubscribe = [session.subscribe(self._on_session_event), session.command.watch(self._on_command)]
         self.query_one(EventLog).extend(EventEntry(e.at, printable(e.text), e.level) for e in session.events)
+        if session.snapshot is not None:
+            self.query_one(GpuPanel).snapshot = session.snapshot
+        self._follow_throughput()
         self.set_interval(UI_PERIOD_S, self.refresh_view)
         self._read_page_cache()
         self.set_interval(PAGE_CACHE_PERIOD_S, self._read_page_cache)
@@ -237,7 +271,11 @@ class DashboardScreen(Screen[None]):
     # ---- core events, as messages on the app's loop ----------------------------------------------
     def _on_session_event(self, event: LifecycleEvent) -> None:
         """The Session's listener: called inside the core's code, so it only posts (never touches a widget)."""
-        if isinstance(event, POSTED):
+        if isinstance(event, GpuSampled):
+            self.post_message(GpuMessage(event.snapshot))
+        elif isinstance(event, ThroughputAdded):
+            self.post_message(ThroughputMessage())
+        elif isinstance(event, POSTED):
             self.post_message(SessionMessage(event, self.session.snapshot))
 
     def _on_command(self, command: CommandView | None) -> None:
@@ -253,10 +291,23 @@ class DashboardScreen(Screen[None]):
             self._gate(life)
         elif isinstance(event, ConnectionChanged):
             self._on_connection(event, message.snapshot)
+        if not isinstance(event, StateChanged):
+            self._gate()  # a note may say the session turned read-only, or drives now
 
     def on_command_message(self, message: CommandMessage) -> None:
         self._push_header()
         self._gate()
+
+    def on_gpu_message(self, message: GpuMessage) -> None:
+        self.query_one(GpuPanel).snapshot = message.snapshot
+
+    def on_throughput_message(self, message: ThroughputMessage) -> None:
+        self._follow_throughput()
+
+    def _follow_throughput(self) -> None:
+        """The chart takes a copy of the series when it grew (ThroughputChart.follow); it replots on its own timer."""
+        session = self.session
+        self.query_one(ThroughputChart).follow(session.throughput, time.time(), session.markers)
 
     def _on_connection(self, event: ConnectionChanged, before: GpuSnapshot | None) -> None:
         """A toast on each change of a remote host's connection state (the header says the state until it is
@@ -265,11 +316,10 @@ class DashboardScreen(Screen[None]):
             return
         first = self._connection_state is None
         self._connection_state = event.state
-        if before is not None and before.gpus and before is not self._pushed_snapshot and self.is_current:
+        if before is not None and before.gpus and self.is_current:
             # the last sample from before a loss: its rows stay, and go stale with their age
-            self._pushed_snapshot = before
-            period_s = max(self.session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
-            self.query_one(GpuPanel).update(before, time.monotonic(), period_s)
+            panel = self.query_one(GpuPanel)
+            panel.update(before, time.monotonic(), panel.period_s)
         self.refresh_view()
         if first and event.state == "connected":
             return  # the first connection of a session is no news
@@ -282,10 +332,11 @@ class DashboardScreen(Screen[None]):
         """Ask check_action again (the footer and the palette) when what its answers depend on changed."""
         session = self.session
         state = (life or session.view()).state
-        gates = (session.readonly, self.watching_only, session.probe_wanted, session.busy, state == ServerState.READY)
-        if gates != self._gates:
-            self._gates = gates
-            self.refresh_bindings()
+        self.gates = (session.readonly, self.watching_only, session.probe_wanted, session.busy,
+                      state == ServerState.READY)
+
+    def watch_gates(self) -> None:
+        self.refresh_bindings()
 
     # ---- pushing the clock-driven state to widgets -------------------------------------------------
     def refresh_view(self) -> None:
@@ -296,30 +347,23 @@ class DashboardScreen(Screen[None]):
             pass  # a tick while the app shuts down, after the dashboard's widgets (or screens) are gone
 
     def _refresh_view(self) -> None:
-        """Push the clock-driven state: a new GPU snapshot (else just the rows' ages), the server panel's and the
-        flags panel's views (reactive: a view equal to the last one redraws nothing), the chart's series (the chart
-        stores it only when it changed), and the chart's figures line when the state changed or every
-        CHART_PERIOD_S (its 30 s window moves). Widgets diff their own cells."""
+        """Recompute what the clock moves into the widgets' reactives, which redraw only when a value differs from
+        the last: the server panel's view (its times), the flags panel's rows, the chart's figures line (its 30 s
+        window moves), the header. The GPU panel and the chart's series come as messages, not from here."""
         if not self.is_current:
             self._feed_log_screen()
             return
         session = self.session
         now_wall = time.time()
         with self.app.batch_update():
-            gpus = self.query_one(GpuPanel)
-            period_s = max(session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
-            if session.snapshot is not None and session.snapshot is not self._pushed_snapshot:
-                self._pushed_snapshot = session.snapshot
-                gpus.update(session.snapshot, time.monotonic(), period_s)
-            else:
-                gpus.set_ages(time.monotonic(), period_s)
             life = session.view()
             # on whole wall-clock seconds: the panel's ages change together, once a second (format_duration)
             self._push_server(life, int(now_wall))
             self.query_one(FlagsPanel).data = tuple(self._toggle_rows())
-            self._push_chart(life, now_wall)
+            self.query_one(ThroughputChart).figures = (
+                latest_figures(session.throughput, now_wall, since=life.since)
+                if life.state == ServerState.READY else "")
             self._push_header(now_wall)
-            self._gate(life)
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:
         view = server_view(life, self.session.server_version, now_s, self._page_cache)
@@ -335,23 +379,6 @@ class DashboardScreen(Screen[None]):
         alarm = session.acceptance.alarm  # in words, never in colour only (NO_COLOR)
         accept = f" · {alarm.header()}" if alarm is not None else ""
         app.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
-
-    def _push_chart(self, life: LifecycleView, now_wall: float) -> None:
-        points = self.session.throughput
-        chart = self.query_one(ThroughputChart)
-        chart.follow(points, now_wall, self.session.markers)
-        # The chart's redraws (a replot and the figures line) happen together every CHART_PERIOD_S, in the first tick
-        # of a wall-clock second, where the server panel's ages change too: one screen update carries them all
-        # (changes in separate ticks cost a screen update each, and a redraw of the chart's region).
-        figures_key = (life.state, life.since, int(now_wall // CHART_PERIOD_S))
-        if figures_key != self._figures_key:
-            chart.flush()
-            self._figures_key = figures_key
-            text = (latest_figures(points, now_wall, since=life.since)
-                    if life.state == ServerState.READY else "")
-            if text != self._figures:  # setting a border title refreshes the widget, even to the same text
-                self._figures = text
-                chart.border_subtitle = text
 
     def push_flags(self) -> None:
         """The Flags panel now (a key or the advisor changed the pending flags)."""

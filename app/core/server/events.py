@@ -16,10 +16,12 @@ from app.core.data import (
     DecodeStats,
     EventLevel,
     FatalEvent,
+    GpuSnapshot,
     Holder,
     LogEvent,
     Notice,
     ServerState,
+    ThroughputPoint,
 )
 from app.core.hosts.base import ConnectionChanged
 from app.core.profiles.types import Profile
@@ -62,8 +64,25 @@ class Launched:
     profile: Profile
 
 
+@dataclass(frozen=True)
+class GpuSampled:
+    """The Session's GPU panel sample is a newer one (its own sampler's, or the release watch's that proved FREE or
+    STUCK). Emitted by the Session only, never by a lifecycle."""
+
+    snapshot: GpuSnapshot
+
+
+@dataclass(frozen=True)
+class ThroughputAdded:
+    """A point joined the Session's throughput series (the probe, /metrics, a decode log line), or a relaunch
+    marker joined its markers (`point` None). Emitted by the Session only."""
+
+    point: ThroughputPoint | None
+
+
 # ConnectionChanged (app.core.hosts.base): a remote host's connection was lost / is back / failed.
-LifecycleEvent = StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged | Launched
+LifecycleEvent = (StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged | Launched
+                  | GpuSampled | ThroughputAdded)
 
 
 @dataclass(frozen=True)
