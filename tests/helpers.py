@@ -1,4 +1,5 @@
-"""Plain helpers shared by the tests: a free port, a demo-like simulated profile, and killing what it launched."""
+"""Plain helpers shared by the tests (never fixtures: those are in the conftest files): the CLI in a subprocess, the
+simulated nvidia-smi, a free port, a demo-like simulated profile, killing what it launched, the one polling helper."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +25,18 @@ DATA = REPO / "tests" / "data"
 
 MakeProfile = Callable[..., Path]
 """The `make_profile` fixture (tests/conftest.py): keyword arguments of `sim_profile_text`, returns the file."""
+
+
+def tunedash(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+def smi(env: dict[str, str], *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    """Run the fake nvidia-smi found on the simulated host's PATH (`env`: the sim_env fixture)."""
+    return subprocess.run(["nvidia-smi", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def free_port() -> int:

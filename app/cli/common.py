@@ -140,10 +140,12 @@ async def run_command(command: Coroutine[Any, Any, int]) -> int:
         while _held:
             lock, beating = _held.pop()
             beating.cancel()
+            # The command's outcome is already said; release() swallows host errors itself and a claim it could
+            # not remove expires after driver.STALE_S, so nothing here can lose what a user would want to see.
             with contextlib.suppress(Exception):
                 await lock.release()
         while _opened:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing on the way out: every command on it has returned
                 await _opened.pop().close()
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)

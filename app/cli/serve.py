@@ -98,7 +98,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         await serve(server, sock, stop, started)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # only a loop already closed raises here: nothing to undo
                 loop.remove_signal_handler(signum)
     return EXIT_OK
 

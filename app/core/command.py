@@ -140,7 +140,7 @@ class CommandSlot:
         if task is None:
             return False
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # its own runner said how it ended
             await task
         return True
 

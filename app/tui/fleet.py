@@ -11,6 +11,7 @@ rather than the dashboard as a pushed screen: docs/architecture.md#the-fleet.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -18,12 +19,15 @@ from typing import ClassVar
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Static
+from textual.widgets.data_table import RowDoesNotExist
 
 from app.core.fleet import FleetPoller, FleetRow
 from app.core.hosts.base import Host, HostError
 from app.core.hosts.ssh_options import SshTarget
 from app.core.profiles.types import Profile
 from widgets.fleet_table import FleetRowView, FleetTable
+
+log = logging.getLogger("tunedash")
 
 FLEET_PERIOD_S = 1.0
 """The fleet table is refreshed once a second (the poller's values change no faster)."""
@@ -101,7 +105,7 @@ class FleetApp(App[str | None]):
         self.refresh_rows()
         table = self.query_one(FleetTable)
         if self._selected is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(RowDoesNotExist):  # the row left the fleet meanwhile: the cursor stays at the top
                 table.move_cursor(row=table.get_row_index(self._selected))
         table.focus()
         self.set_interval(FLEET_PERIOD_S, self.refresh_rows)
@@ -150,5 +154,7 @@ async def run_fleet(members: Sequence[tuple[Profile, Host]], broken: Sequence[st
     finally:
         await poller.stop()
         for host in {id(h): h for _p, h in members}.values():
-            with contextlib.suppress(Exception):
+            try:
                 await host.close()
+            except Exception as exc:  # the fleet is ending: a host that fails to close is named, the others still close
+                log.warning("closing %s failed: %s", host.name, exc)

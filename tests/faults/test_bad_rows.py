@@ -16,8 +16,7 @@ import pytest
 
 from app.core.advisor.history import recorded_arms
 from app.core.measure.store import HistoryStore, StoreError
-from tests.helpers import REPO, MakeProfile
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, MakeProfile, tunedash
 
 BENCH = {"concurrency": 1, "input_len": 16, "max_tokens": 32, "endpoint": "completions", "prompt_file": None,
          "ignore_eos": True}

@@ -22,8 +22,7 @@ from app.core.fleet import FleetPoller
 from app.core.profiles.loading import resolve_profile
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import SmiTelemetry
-from tests.helpers import MakeProfile, until
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, tunedash, until
 from tests.integration.sshd import Sshd
 from tests.integration.test_ssh_cli import cli
 

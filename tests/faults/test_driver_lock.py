@@ -22,8 +22,7 @@ from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
 from app.core.server.driver import STALE_S, DriverLock
 from app.core.session import ReadOnlyError, Session
-from tests.helpers import REPO, MakeProfile, until
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, MakeProfile, tunedash, until
 from tests.integration.test_tmux_demo import Tmux
 
 pytestmark = pytest.mark.slow

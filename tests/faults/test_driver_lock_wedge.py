@@ -30,8 +30,7 @@ from app.core.hosts.base import Host
 from app.core.profiles.loading import load_profile, parse_profile
 from app.core.profiles.types import Profile
 from app.core.server.driver import STALE_S, DriverLock
-from tests.helpers import REPO, MakeProfile, wait_until
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, MakeProfile, tunedash, wait_until
 from tests.integration.sshd import Sshd
 from tests.integration.test_tmux_demo import Tmux
 

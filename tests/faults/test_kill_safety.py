@@ -19,9 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,39 +33,10 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.freecheck import FreeVerdict
 from app.core.telemetry.smi import SmiTelemetry
-from tests.helpers import REPO, kill_launched
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, kill_launched, tunedash
+from tests.kill_helpers import CountingHost, alive, proven_record, start_group, wait_gone
 
 FOREIGN_SIGNALS: list[tuple[int, int]] = []  # every signal any scenario sent to a process it did not start
-
-
-class CountingHost(LocalHost):
-    """The real LocalHost, counting each signal it is asked to send (group, signal)."""
-
-    def __init__(self, state_dir: str) -> None:
-        super().__init__("local", state_dir=state_dir)
-        self.sent: list[tuple[int, int]] = []
-
-    async def signal_group(self, pgid: int, signal_number: int) -> bool:
-        self.sent.append((pgid, signal_number))
-        return await super().signal_group(pgid, signal_number)
-
-    async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:
-        self.sent.append((proof.pgid, signal_number))
-        return await super().signal_proven_group(proof, signal_number)
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
 
 
 def _record_bytes(host: CountingHost, profile: Profile) -> bytes:
@@ -79,13 +47,6 @@ def _write_record(host: CountingHost, profile: Profile, text: str) -> None:
     Path(jobs.job_path(host, profile)).write_text(text)
 
 
-def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not _alive(pid)
-
-
 @pytest.fixture
 def profile(tmp_path: Path) -> Profile:
     text = 'name = "kt"\nhost = "local"\nbackend = "custom"\ngpus = []\ncommand = ["sleep", "300"]\n' \
@@ -93,45 +54,6 @@ def profile(tmp_path: Path) -> Profile:
     path = tmp_path / "kt.toml"
     path.write_text(text)
     return parse_profile(text, path)
-
-
-@pytest.fixture
-async def host(tmp_path: Path) -> AsyncIterator[CountingHost]:
-    made = CountingHost(str(tmp_path / "state"))
-    yield made
-    await made.close()
-
-
-@pytest.fixture
-async def started(host: CountingHost, tmp_path: Path) -> AsyncIterator[list[SpawnedProcess]]:
-    """The groups a test starts (`sleep 300` leaders); SIGKILLed afterwards."""
-    groups: list[SpawnedProcess] = []
-    yield groups
-    for group in groups:
-        try:
-            os.killpg(group.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-async def _start(host: CountingHost, tmp_path: Path, started: list[SpawnedProcess], *, tag: str | None,
-                 argv: tuple[str, ...] = ("sleep", "300")) -> SpawnedProcess:
-    env = {jobs.TAG_ENV: tag} if tag is not None else None
-    spawned = await host.spawn_detached(list(argv), log_path=str(tmp_path / "job.log"), env=env)
-    started.append(spawned)
-    return spawned
-
-
-async def _record(host: CountingHost, profile: Profile, spawned: SpawnedProcess, tag: str, **changes: object
-                  ) -> jobs.JobRecord:
-    identity = await host.boot_identity()
-    record = jobs.JobRecord(
-        profile=profile.name, host=host.name, backend="custom", model="", port=0, argv=["sleep", "300"], flags={},
-        pid=spawned.pid, pgid=spawned.pgid, start_time=spawned.start_time, log_path=jobs.log_path_for(host, profile),
-        launched_by="test@here", launched_at=time.time(), gpus=[], profile_file=jobs.profile_file_of(profile),
-        tag=tag, boot_id=identity.boot_id, hostname=identity.hostname,
-    )
-    return replace(record, **changes)  # type: ignore[arg-type]
 
 
 async def _kill_said(host: CountingHost, profile: Profile) -> list[str]:
@@ -149,10 +71,10 @@ async def test_a_proven_record_is_killed_through_its_leader(
     host: CountingHost, profile: Profile, tmp_path: Path, started: list[SpawnedProcess]
 ) -> None:
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
-    await jobs.save_job(host, await _record(host, profile, spawned, tag))
+    spawned = await start_group(host, tmp_path, started, tag=tag)
+    await jobs.save_job(host, await proven_record(host, profile, spawned, tag))
     said = await _kill_said(host, profile)
-    assert _wait_gone(spawned.pid), said
+    assert wait_gone(spawned.pid), said
     assert host.sent and all(pgid == spawned.pgid for pgid, _ in host.sent)
     record = await jobs.load_job(host, profile)
     assert record is not None and record.outcome == "killed"
@@ -166,13 +88,13 @@ async def test_a_live_pid_with_another_start_time_is_not_ours(
     """The record's pid is a live group leader the test started, but the record's start time differs: a reused
     pid (shift -1: the recorded job started earlier and the pid now leads a later group)."""
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
-    record = await _record(host, profile, spawned, tag, start_time=str(int(spawned.start_time) + shift))
+    spawned = await start_group(host, tmp_path, started, tag=tag)
+    record = await proven_record(host, profile, spawned, tag, start_time=str(int(spawned.start_time) + shift))
     await jobs.save_job(host, record)
     before = _record_bytes(host, profile)
     said = await _kill_said(host, profile)
     assert any("is now another process" in line and "not ours" in line for line in said), said
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
     assert _record_bytes(host, profile) == before  # kept for inspection
     assert await jobs.signal_job(host, record, signal.SIGKILL) == [] and host.sent == []
 
@@ -180,20 +102,20 @@ async def test_a_live_pid_with_another_start_time_is_not_ours(
 async def test_a_leader_without_the_job_tag_is_not_ours(
     host: CountingHost, profile: Profile, tmp_path: Path, started: list[SpawnedProcess]
 ) -> None:
-    spawned = await _start(host, tmp_path, started, tag=None)  # right pid and start time, no TUNEDASH_JOB
-    await jobs.save_job(host, await _record(host, profile, spawned, jobs.new_tag()))
+    spawned = await start_group(host, tmp_path, started, tag=None)  # right pid and start time, no TUNEDASH_JOB
+    await jobs.save_job(host, await proven_record(host, profile, spawned, jobs.new_tag()))
     said = await _kill_said(host, profile)
     assert any(f"does not carry {jobs.TAG_ENV}=" in line for line in said), said
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
 
 
 async def test_a_leader_with_another_jobs_tag_is_not_ours(
     host: CountingHost, profile: Profile, tmp_path: Path, started: list[SpawnedProcess]
 ) -> None:
-    spawned = await _start(host, tmp_path, started, tag="someone-elses-launch")
-    await jobs.save_job(host, await _record(host, profile, spawned, jobs.new_tag()))
+    spawned = await start_group(host, tmp_path, started, tag="someone-elses-launch")
+    await jobs.save_job(host, await proven_record(host, profile, spawned, jobs.new_tag()))
     await _kill_said(host, profile)
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
 
 
 @pytest.mark.parametrize("field", ["boot_id", "hostname"])
@@ -202,14 +124,14 @@ async def test_a_record_from_another_boot_or_host_is_refused_and_kept(
 ) -> None:
     """Everything else matches a live, tagged leader: only the boot id (hostname) says the record is not ours."""
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
+    spawned = await start_group(host, tmp_path, started, tag=tag)
     other = {"boot_id": "6b1c0f0e-0000-4000-8000-000000000000", "hostname": "another-gpu-box"}[field]
-    await jobs.save_job(host, await _record(host, profile, spawned, tag, **{field: other}))
+    await jobs.save_job(host, await proven_record(host, profile, spawned, tag, **{field: other}))
     before = _record_bytes(host, profile)
     said = await _kill_said(host, profile)
     expected = "earlier boot" if field == "boot_id" else "was written on host 'another-gpu-box'"
     assert any(expected in line and "the record is kept" in line for line in said), said
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
     assert _record_bytes(host, profile) == before
 
 
@@ -217,8 +139,8 @@ async def test_an_empty_start_time_and_a_non_integer_group_are_refused(
     host: CountingHost, profile: Profile, tmp_path: Path, started: list[SpawnedProcess]
 ) -> None:
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
-    await jobs.save_job(host, await _record(host, profile, spawned, tag, start_time=""))
+    spawned = await start_group(host, tmp_path, started, tag=tag)
+    await jobs.save_job(host, await proven_record(host, profile, spawned, tag, start_time=""))
     said = await _kill_said(host, profile)
     assert any("has no start time" in line for line in said), said
     text = json.loads(_record_bytes(host, profile))
@@ -228,7 +150,7 @@ async def test_an_empty_start_time_and_a_non_integer_group_are_refused(
     assert any("unreadable (pgid: expected a process group id 0-4194304 or null, got 'abc')" in line
                for line in said), said
     assert json.loads(_record_bytes(host, profile))["pgid"] == "abc"  # left as it is
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
 
 
 async def test_with_the_leader_gone_only_tagged_members_of_the_group_count(
@@ -238,32 +160,32 @@ async def test_with_the_leader_gone_only_tagged_members_of_the_group_count(
     tagged one is, through its group."""
     tag = jobs.new_tag()
     script = "env -i /bin/sleep 300 & sleep 300 & wait"
-    spawned = await _start(host, tmp_path, started, tag=tag, argv=("sh", "-c", script))
-    record = await _record(host, profile, spawned, tag)
+    spawned = await start_group(host, tmp_path, started, tag=tag, argv=("sh", "-c", script))
+    record = await proven_record(host, profile, spawned, tag)
     await asyncio.sleep(0.2)
     group = [p for p in await host.processes() if p.pgid == spawned.pgid and p.pid != spawned.pid]
     assert len(group) == 2
     os.kill(spawned.pid, signal.SIGKILL)  # the leader only
-    assert _wait_gone(spawned.pid)
+    assert wait_gone(spawned.pid)
     members = await jobs.job_members(host, record)
     tagged = [p.pid for p in group if await host.environ_value(p.pid, jobs.TAG_ENV) == tag]
     assert [p.pid for p in members] == tagged and len(tagged) == 1
     untagged = next(p.pid for p in group if p.pid not in tagged)
     os.kill(tagged[0], signal.SIGKILL)
-    assert _wait_gone(tagged[0])
+    assert wait_gone(tagged[0])
     assert await jobs.job_members(host, record) == []  # only the untagged one is left: not ours
     assert await jobs.signal_job(host, record, signal.SIGKILL) == [] and host.sent == []
-    assert _alive(untagged)
+    assert alive(untagged)
 
 
 async def test_the_orphan_report_says_whose_each_holder_is(
     host: CountingHost, profile: Profile, tmp_path: Path, started: list[SpawnedProcess]
 ) -> None:
     tag = jobs.new_tag()
-    ours = await _start(host, tmp_path, started, tag=tag)
-    other_launch = await _start(host, tmp_path, started, tag="0123456789abcdef")
-    untagged = await _start(host, tmp_path, started, tag=None)
-    record = await _record(host, profile, ours, tag)
+    ours = await start_group(host, tmp_path, started, tag=tag)
+    other_launch = await start_group(host, tmp_path, started, tag="0123456789abcdef")
+    untagged = await start_group(host, tmp_path, started, tag=None)
+    record = await proven_record(host, profile, ours, tag)
     holders = tuple(Holder(0, pid, "python", 1000) for pid in (ours.pid, other_launch.pid, untagged.pid))
     stuck = FreeVerdict(False, False, {0: 3000}, (*holders, Holder(1, None, "", 9)))
     verdict = await jobs.with_owners(host, record, stuck)
@@ -416,12 +338,12 @@ def test_an_orphan_of_a_launch_cut_short_is_found_and_killed_by_its_tag(tmp_path
         assert orphans, "the spawn ran: its server carries the tag"
         killed = tunedash("kill", str(path))
         assert killed.returncode == 0, killed.stdout + killed.stderr
-        assert all(_wait_gone(pid) for pid in orphans), killed.stdout
+        assert all(wait_gone(pid) for pid in orphans), killed.stdout
         record = json.loads(record_file.read_text())
         assert record["outcome"] == "killed" and record["pid"] in orphans
     finally:
         for pid in orphans:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         kill_launched(sim_state)
 
@@ -435,7 +357,7 @@ def _tagged(line: str) -> list[int]:
                     found.append(int(entry))
             except OSError:
                 continue
-    return [pid for pid in found if _alive(pid)]
+    return [pid for pid in found if alive(pid)]
 
 
 async def test_no_record_signals_nothing(host: CountingHost, profile: Profile) -> None:

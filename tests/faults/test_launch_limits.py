@@ -17,8 +17,7 @@ from app.core.server.jobs import job_path
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.preflight import LaunchRefused
 from tests.fakes import InMemoryHost, ScriptedTelemetry, gpu_reading
-from tests.helpers import MakeProfile, free_port
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, free_port, tunedash
 
 
 def _record(sim_state: Path, name: str = "t") -> dict:

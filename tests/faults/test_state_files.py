@@ -19,8 +19,7 @@ from app.connect import host_for
 from app.core.profiles.loading import load_profile
 from app.core.server import jobs
 from app.core.server.driver import DriverLock
-from tests.helpers import MakeProfile
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, tunedash
 
 pytestmark = pytest.mark.slow
 

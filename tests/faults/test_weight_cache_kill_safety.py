@@ -14,9 +14,7 @@ from app.core.server.events import ActionLogged, LifecycleEvent
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.warm import daemon_profile
 from app.core.telemetry.smi import SmiTelemetry
-from tests.faults.test_kill_safety import CountingHost, _alive, _record, _start, _wait_gone, host, started
-
-__all__ = ["host", "started"]  # the fixtures, shared with the server's kill-safety tests
+from tests.kill_helpers import CountingHost, alive, proven_record, start_group, wait_gone
 
 
 def warm_profile(tmp_path: Path) -> Profile:
@@ -39,10 +37,10 @@ async def test_a_proven_daemon_is_stopped_by_kill_all(host: CountingHost, tmp_pa
                                                        started: list[SpawnedProcess]) -> None:
     profile = warm_profile(tmp_path)
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
-    await jobs.save_job(host, await _record(host, daemon_profile(profile), spawned, tag))
+    spawned = await start_group(host, tmp_path, started, tag=tag)
+    await jobs.save_job(host, await proven_record(host, daemon_profile(profile), spawned, tag))
     said = await kill_all_said(host, profile)
-    assert _wait_gone(spawned.pid), said
+    assert wait_gone(spawned.pid), said
     assert any("SIGTERM to the weight cache daemon's group" in line for line in said), said
     assert host.sent and all(pgid == spawned.pgid for pgid, _ in host.sent)
 
@@ -51,19 +49,20 @@ async def test_a_reused_pid_in_the_daemon_record_is_not_signalled(host: Counting
                                                                    started: list[SpawnedProcess]) -> None:
     profile = warm_profile(tmp_path)
     tag = jobs.new_tag()
-    spawned = await _start(host, tmp_path, started, tag=tag)
-    record = await _record(host, daemon_profile(profile), spawned, tag, start_time=str(int(spawned.start_time) + 1))
+    spawned = await start_group(host, tmp_path, started, tag=tag)
+    record = await proven_record(host, daemon_profile(profile), spawned, tag,
+                                 start_time=str(int(spawned.start_time) + 1))
     await jobs.save_job(host, record)
     said = await kill_all_said(host, profile)
     assert any("weight cache daemon record:" in line and "not ours" in line for line in said), said
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)
 
 
 async def test_a_process_without_the_daemons_tag_is_not_signalled(host: CountingHost, tmp_path: Path,
                                                                    started: list[SpawnedProcess]) -> None:
     profile = warm_profile(tmp_path)
-    spawned = await _start(host, tmp_path, started, tag=None)  # right pid and start time, no TUNEDASH_JOB
-    await jobs.save_job(host, await _record(host, daemon_profile(profile), spawned, jobs.new_tag()))
+    spawned = await start_group(host, tmp_path, started, tag=None)  # right pid and start time, no TUNEDASH_JOB
+    await jobs.save_job(host, await proven_record(host, daemon_profile(profile), spawned, jobs.new_tag()))
     said = await kill_all_said(host, profile)
     assert any(f"does not carry {jobs.TAG_ENV}=" in line for line in said), said
-    assert host.sent == [] and _alive(spawned.pid)
+    assert host.sent == [] and alive(spawned.pid)

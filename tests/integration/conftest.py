@@ -16,14 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, free_port
-
-
-def tunedash(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
+from tests.helpers import free_port
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, tunedash
+from tests.helpers import REPO, tunedash
 
 pytestmark = pytest.mark.slow
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace and a second Unix user need root")

@@ -22,8 +22,7 @@ import pytest
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
 from app.sim.host_env import sim_environment
-from tests.helpers import REPO, GroupReaper, MakeProfile, free_port, sim_profile_text
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, GroupReaper, MakeProfile, free_port, sim_profile_text, tunedash
 
 pytestmark = pytest.mark.slow
 

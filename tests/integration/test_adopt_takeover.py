@@ -24,9 +24,8 @@ from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.session import Session
 from app.tui.app import create_app
-from tests.helpers import free_port, sim_profile_text
+from tests.helpers import free_port, sim_profile_text, tunedash
 from tests.helpers import pilot_until as until
-from tests.integration.conftest import tunedash
 from tests.integration.test_adopt_sim import HandStarted
 from tests.ui.test_app_flows import SIZE, event_texts, screen_text, state_of
 from widgets import ConfirmModal

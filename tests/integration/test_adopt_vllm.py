@@ -18,8 +18,7 @@ import pytest
 
 from app.core.profiles.loading import load_profile
 from app.core.profiles.render import launch_argv
-from tests.helpers import REPO, free_port
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, free_port, tunedash
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

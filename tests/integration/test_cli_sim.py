@@ -10,8 +10,7 @@ from pathlib import Path
 
 from app.sim.host_env import reset_state
 from tests.fakes import live_group_members
-from tests.helpers import MakeProfile
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, tunedash
 
 
 def _record(sim_state: Path, name: str = "t") -> dict:

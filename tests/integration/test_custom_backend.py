@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.helpers import REPO, free_port, kill_launched
-from tests.integration.conftest import tunedash
+from tests.helpers import REPO, free_port, kill_launched, tunedash
 
 WriteProfile = Callable[..., Path]
 

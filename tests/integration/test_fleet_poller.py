@@ -13,8 +13,7 @@ from app.core.data import ServerState
 from app.core.fleet import FleetPoller
 from app.core.hosts.base import Host
 from app.core.profiles.loading import load_profile
-from tests.helpers import MakeProfile, until
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, tunedash, until
 
 
 async def test_a_silent_host_never_blocks_the_others(make_profile: MakeProfile, tmp_path: Path) -> None:

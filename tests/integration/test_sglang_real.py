@@ -227,7 +227,7 @@ def _real_profile(tmp_path: Any, version: str, extra_flags: str = "") -> Any:
 def test_the_real_0_5_23_through_tunedash_refuses_a_rejected_flag_and_crashes_plainly(tmp_path: Any) -> None:
     """A flag 0.5.23 rejects is refused before anything starts, naming the version and what replaces it; a
     launch that parses but cannot serve on a CPU ends CRASHED with the real traceback's cause, not a hang."""
-    from tests.integration.conftest import tunedash
+    from tests.helpers import tunedash
 
     path = _real_profile(tmp_path, "0.5.23", "enforce-piecewise-cuda-graph = true\n")
     refused = tunedash("launch", str(path), "--wait", "--timeout", "120", timeout=300)

@@ -18,7 +18,7 @@ import pytest
 
 from app.core.profiles.loading import load_profile
 from app.core.server.warm import client_argv, daemon_argv
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 from tests.integration.test_sglang_real import sglang_python
 from tests.integration.test_weight_cache_key_real import vllm_python
 

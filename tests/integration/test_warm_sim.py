@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import live_group_members
-from tests.helpers import MakeProfile
-from tests.integration.conftest import tunedash
+from tests.helpers import MakeProfile, tunedash
 
 pytestmark = pytest.mark.slow
 

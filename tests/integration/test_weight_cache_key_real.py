@@ -16,7 +16,7 @@ import pytest
 from app.core.flags.weight_cache import SGLANG_CACHE_KEY, VLLM_CACHE_KEY, weights_effect
 from app.sim.versions import flag_table
 from app.sim.weight_cache import CACHE_FIELDS
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 from tests.integration.test_sglang_real import sglang_python
 
 pytestmark = pytest.mark.slow

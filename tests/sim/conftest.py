@@ -4,7 +4,6 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,11 +21,6 @@ def sim_env(sim_state: Path) -> dict[str, str]:
     env.pop("TUNEDASH_SIM_FAULT", None)
     env["TUNEDASH_SIM_STARTUP_S"] = "0.4"
     return env
-
-
-def smi(env: dict[str, str], *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
-    """Run the fake nvidia-smi found on the simulated host's PATH."""
-    return subprocess.run(["nvidia-smi", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture

@@ -11,9 +11,7 @@ import pytest
 
 from app.sim import gpu_state
 from app.sim.host_env import set_faults
-from tests.helpers import GroupReaper, wait_until
-
-from .conftest import smi
+from tests.helpers import GroupReaper, smi, wait_until
 
 BRACKETED = re.compile(r"^\[.*\]$")
 

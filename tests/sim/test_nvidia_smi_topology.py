@@ -17,9 +17,7 @@ from app.core.telemetry.topology import NVLINK, GpuLink, parse_compute_caps, par
 from app.sim import gpu_state
 from app.sim.gpu_models import gpus_for_spec
 from app.sim.host_env import GPUS_ENV, STATE_ENV, default_state_dir, reset_state, set_faults, sim_environment
-from tests.helpers import DATA
-
-from .conftest import GroupReaper, smi
+from tests.helpers import DATA, GroupReaper, smi
 
 REAL_H200_MATRIX = DATA / "smi" / "topo_h200_1gpu.txt"
 

@@ -16,7 +16,7 @@ from app.sim.host_env import sim_environment
 from app.sim.server_args import load_models, parse, resolve
 from app.sim.sglang import speed_config
 from app.sim.speed import SpeedModel, load_params
-from tests.sim.conftest import GroupReaper, smi
+from tests.helpers import GroupReaper, smi
 
 A6000 = gpu_state.default_gpus(1)[0]
 DEMO = load_models()["sim/qwen3.6-27b"]

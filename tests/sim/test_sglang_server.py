@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.sim import gpu_state
-from tests.helpers import GroupReaper, free_port, wait_until
-
-from .conftest import smi
+from tests.helpers import GroupReaper, free_port, smi, wait_until
 
 READY = "The server is fired up and ready to roll!"
 # Regexes for the lines of docs/servers.md#sglang-log-lines (what app/core/logs/parser.py parses).

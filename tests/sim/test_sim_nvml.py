@@ -12,7 +12,7 @@ from app.core.telemetry.smi_parse import parse_compute_apps_csv
 from app.sim import gpu_state
 from app.sim.host_env import set_faults
 from app.sim.sim_nvml import SimNvml
-from tests.sim.conftest import smi
+from tests.helpers import smi
 
 
 async def test_memory_and_processes_match_the_fake_nvidia_smi(sim_state: Path, sim_env: dict[str, str]) -> None:

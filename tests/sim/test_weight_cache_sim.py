@@ -16,9 +16,8 @@ from app.sim.server_args import load_models
 from app.sim.sglang import SEED_PHASES, phase_seconds
 from app.sim.versions import VERSION_ENV
 from app.sim.weight_cache import sim_tmp
-from tests.helpers import wait_until
+from tests.helpers import GroupReaper, smi, wait_until
 
-from .conftest import GroupReaper, smi
 from .test_sglang_server import Server, free_port
 
 MODEL = load_models()["sim/qwen3.6-27b"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import os
 import re
-import time
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -47,14 +46,13 @@ def screen_text(app: TunedashApp) -> str:
 
 async def shows(pilot: Pilot[None], app: TunedashApp, *words: str, timeout: float = 5.0) -> str:
     """Wait until the screen shows every one of `words` (the UI redraws at 4 Hz); returns the screen text."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def missing() -> list[str]:
         text = screen_text(app)
-        missing = [w for w in words if w not in text]
-        if not missing:
-            return text
-        assert time.monotonic() < deadline, f"{missing} not on screen:\n{text}"
-        await pilot.pause(0.05)
+        return [w for w in words if w not in text]
+
+    await until(pilot, lambda: not missing(), timeout, f"{list(words)} on screen",
+                lambda: f"{missing()} not on screen:\n{screen_text(app)}")
+    return screen_text(app)
 
 
 def state_of(app: TunedashApp) -> ServerState:

@@ -11,10 +11,8 @@ asked again), and a connection loss shown as stale rows with their age.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from app.core.data import ServerState
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.types import Profile
 from app.tui.app import TunedashApp, create_app
+from tests.helpers import until as until_true
 from tests.integration.sshd import Sshd
 from tests.integration.test_ssh_session import cmdlines_with
 from tests.ui.test_app_flows import SIZE, event_texts, pending_of, shows, state_of, until
@@ -71,10 +70,8 @@ def gone(pid: int) -> bool:
 
 async def until_gone(found: Callable[[], list[int]], timeout: float = 10.0) -> None:
     """Until `found()` lists nothing (the host's streams end when their channel closes)."""
-    deadline = time.monotonic() + timeout
-    while found():
-        assert time.monotonic() < deadline, f"still running on the host: {found()}"
-        await asyncio.sleep(0.1)
+    await until_true(lambda: not found(), timeout, "the host's streams to end",
+                     lambda: f"still running on the host: {found()}", interval=0.1)
 
 
 async def remote_ready(pilot: Pilot[None], app: TunedashApp) -> None:

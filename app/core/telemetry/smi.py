@@ -245,8 +245,8 @@ class SmiTelemetry:
                     backoff = min(backoff * 2, self._backoff_s[1])
                     continue
                 if self._apps_loops and not self._apps_loop_tasks:
-                    self._apps_loop_tasks = [
-                        asyncio.create_task(self._run_apps_loop(k * APPS_LOOP_STAGGER_S))
+                    self._apps_loop_tasks = [  # owned by the sampler's TaskOwner; _cancel_apps ends them
+                        self._tasks.spawn(self._run_apps_loop(k * APPS_LOOP_STAGGER_S), f"process-list loop {k}")
                         for k in range(self._apps_loops)
                     ]
                 expected = sorted(gpu.index for gpu in first.gpus)
@@ -279,7 +279,8 @@ class SmiTelemetry:
                 await queue.put(exc)
             await queue.put(None)
 
-        pumping = asyncio.create_task(pump())
+        # the pump lives exactly as long as this generator: cancelled and awaited in its finally below
+        pumping = asyncio.create_task(pump(), name=f"nvidia-smi {self.host.name}: -lms pump")
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, BaseException):
