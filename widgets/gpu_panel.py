@@ -10,7 +10,6 @@ a click posts Selected and the owner calls select(uuid).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -286,9 +285,11 @@ class GpuPanel(Widget):
 
     snapshot: reactive[GpuSnapshot | None] = reactive(None, layout=False, repaint=False, init=False,
                                                       always_update=True)
-    """The newest sample (frozen). Shown at once when the last one shown is `min_interval_s` old, else at the
-    panel's next timer tick (so a 4 Hz sampler costs a redraw at most every `min_interval_s`); only while the
-    panel's screen is the top one (dolphie: no UI updates while hidden or under a modal)."""
+    """The newest sample (frozen). Shown at the panel's next tick (its own timer every `min_interval_s`, or the
+    owner's `tick()` with `own_timer=False`), not at once: a 4 Hz sampler then costs a redraw at most once a tick,
+    and an owner that ticks its other widgets too gets one screen update for all of them instead of one each
+    (measured: docs/decisions.md#typed-results-and-widgets-that-follow-events); only while the panel's screen is the
+    top one (dolphie: no UI updates while hidden or under a modal)."""
 
     DEFAULT_CSS = """
     GpuPanel {
@@ -310,13 +311,13 @@ class GpuPanel(Widget):
             self.index = index
             self.uuid = uuid
 
-    def __init__(self, *, min_interval_s: float = 0.5, period_s: float = 1.0, name: str | None = None,
-                 id: str | None = None, classes: str | None = None) -> None:
+    def __init__(self, *, min_interval_s: float = 0.5, period_s: float = 1.0, own_timer: bool = True,
+                 name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.min_interval_s = min_interval_s
+        self.own_timer = own_timer  # False: the owner calls tick() from its own clock
         self.period_s = period_s  # the sampler's period: a row is stale after two
         self._shown: GpuSnapshot | None = None  # the snapshot last shown
-        self._shown_at = -math.inf  # time.monotonic() when it was
         self.border_title = "GPUs"
         self._rows: dict[str, GpuRow] = {}
         self._error: TelemetryError | None = None
@@ -324,14 +325,11 @@ class GpuPanel(Widget):
         self._names: tuple[str | None, ...] = ()
 
     def on_mount(self) -> None:
-        self.set_interval(self.min_interval_s, self._tick)
+        if self.own_timer:
+            self.set_interval(self.min_interval_s, self.tick)
 
-    def watch_snapshot(self, snapshot: GpuSnapshot | None) -> None:
-        if time.monotonic() - self._shown_at >= 0.95 * self.min_interval_s:  # 5% slack for the timer's jitter
-            self._show_newest()
-
-    def _tick(self) -> None:
-        """The panel's own clock: the newest snapshot when one waits, else the rows' ages."""
+    def tick(self) -> None:
+        """The panel's clock (its timer, or the owner's): the newest snapshot when one waits, else the rows' ages."""
         if self.snapshot is None or not self._in_front:
             return  # an owner that calls update() itself keeps the clock (a fixed one in tests)
         if self.snapshot is not None and self.snapshot is not self._shown:
@@ -382,7 +380,6 @@ class GpuPanel(Widget):
         given) becomes the panel's sample period."""
         if period_s is not None:
             self.period_s = period_s
-        self._shown_at = time.monotonic()
         if isinstance(data, GpuSnapshot):
             self._shown = data
             self._set_error(data.error)

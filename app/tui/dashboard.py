@@ -216,12 +216,12 @@ class DashboardScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         period_s = max(self.session.sample_period_ms / 1000, STALE_PERIOD_FLOOR_S)
-        yield GpuPanel(id="gpus", min_interval_s=UI_PERIOD_S, period_s=period_s)
+        yield GpuPanel(id="gpus", min_interval_s=UI_PERIOD_S, period_s=period_s, own_timer=False)
         with Horizontal(id="middle"):
             yield ServerPanel(id="server")
             with Vertical(id="right"):
                 yield FlagsPanel(id="flags")
-                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S)
+                yield ThroughputChart(id="chart", min_interval_s=CHART_PERIOD_S, own_timer=False)
         yield EventLog(id="events")
         yield KeyFooter()
 
@@ -355,14 +355,16 @@ class DashboardScreen(Screen[None]):
             return
         session = self.session
         now_wall = time.time()
-        with self.app.batch_update():
+        with self.app.batch_update():  # one screen update for the tick's changes, the widgets' own ticks included
+            self.query_one(GpuPanel).tick()  # the newest sample it was sent, else its rows' ages
             life = session.view()
             # on whole wall-clock seconds: the panel's ages change together, once a second (format_duration)
             self._push_server(life, int(now_wall))
             self.query_one(FlagsPanel).data = tuple(self._toggle_rows())
-            self.query_one(ThroughputChart).figures = (
-                latest_figures(session.throughput, now_wall, since=life.since)
-                if life.state == ServerState.READY else "")
+            chart = self.query_one(ThroughputChart)
+            chart.figures = (latest_figures(session.throughput, now_wall, since=life.since)
+                             if life.state == ServerState.READY else "")
+            chart.flush()  # a replot (with the figures) at most every CHART_PERIOD_S, when it was sent new points
             self._push_header(now_wall)
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:

@@ -1,8 +1,8 @@
-"""The GPU panel and the chart follow messages and their own clocks: nobody outside them ticks or diffs.
+"""The GPU panel and the chart take their data from messages: nobody outside them diffs what changed.
 
-The panel takes each new sample as its `snapshot` reactive and shows it at most every `min_interval_s`; the
-dashboard's GPU rows and chart follow the Session's GpuSampled and ThroughputAdded events with its 2 Hz tick
-stopped."""
+The panel takes each new sample as its `snapshot` reactive and shows it at its next tick (its own timer, or its
+owner's); the dashboard's GPU panel and chart get the Session's GpuSampled and ThroughputAdded events as messages
+with its 2 Hz tick stopped (the chart copies the series it is told of, never polls the Session)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ async def test_the_panel_shows_its_snapshot_at_most_every_interval_and_not_while
     async with app.run_test() as pilot:
         panel = app.query_one(GpuPanel)
         panel.snapshot = first = snapshot(100)
-        await pilot.pause()
+        assert not panel.rows  # not at once: at the panel's next tick
+        await pilot_until(pilot, lambda: bool(panel.rows), timeout=5, what="the first sample at the panel's tick")
         assert list(panel.rows) == ["GPU-a"] and panel.rows["GPU-a"]._sample is first.gpus[0]
-        panel.snapshot = second = snapshot(200)  # right after: waits for the panel's own timer
+        panel.snapshot = second = snapshot(200)  # waits for the panel's next tick
         assert panel.rows["GPU-a"]._sample is first.gpus[0]
         await pilot_until(pilot, lambda: panel.rows["GPU-a"]._sample is second.gpus[0], timeout=5,
                           what="the second sample at the panel's next tick")
