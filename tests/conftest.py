@@ -106,3 +106,16 @@ def ssh_profile(sshd: Sshd, ssh_tmp: Path) -> Iterator[Callable[..., Path]]:
     yield make
     kill_launched(state)
 
+
+
+@pytest.fixture
+def slurm_conf(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The one-node Slurm of scripts/slurm-local (skips, saying why, when it is not up): SLURM_CONF points at it
+    for every Slurm command this test runs."""
+    from tests.slurm_local import SLURM_CONF, slurm_missing
+
+    missing = slurm_missing()
+    if missing:
+        pytest.skip(missing)
+    monkeypatch.setenv("SLURM_CONF", str(SLURM_CONF))
+    return SLURM_CONF
