@@ -1,5 +1,6 @@
-"""SlurmHost: the host interface inside a Slurm allocation, every command a job step (docs/architecture.md#a-host-
-kind-for-a-cluster-scheduler).
+"""SlurmHost: the host interface inside a Slurm allocation, every command a job step.
+
+The design: docs/architecture.md#a-host-kind-for-a-cluster-scheduler.
 
 Two hosts in one: the *login* host (LocalHost on the login node, or SshHost to it) where `srun`, `squeue`,
 `scancel` and `salloc` run and where the state folder lives (job records, logs, locks: a home folder the node

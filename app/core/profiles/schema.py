@@ -17,6 +17,7 @@ from app.core.data import BACKENDS, Backend, FlagValue, one_of
 from app.core.flags.catalog import FlagSpec
 from app.core.flags.toggles import Toggle, default_toggles, flip, merge_toggles
 from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
+from app.core.hosts.slurm_request import SlurmRequest, read_slurm_table, slurm_login
 from app.core.profiles.types import BenchSettings, Profile, ProfileError
 
 DEFAULT_MODULES = {
@@ -43,7 +44,7 @@ class ProfileReader:
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
                 "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
-                "extra_args", "warm", *CUSTOM_KEYS)
+                "extra_args", "warm", "slurm", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -102,6 +103,7 @@ class ProfileReader:
                 got[key] = self.attempt(_MISSING, self.typed, data, key, kind)
         got = {key: value for key, value in got.items() if value is not _MISSING}
         host = self.attempt("local", self.host, got.get("host", "local"))
+        slurm = self.slurm(host, got.get("slurm"))
         flags = self.flags(got.get("flags", {}), backend)
         no_custom: dict[str, Any] = {}
         custom = self.attempt(no_custom, self.custom, got, backend)
@@ -157,6 +159,7 @@ class ProfileReader:
             script=script,
             extra_args=extra_args,
             warm=got.get("warm", False),
+            slurm=slurm,
             **custom,
         )
 
@@ -262,6 +265,12 @@ class ProfileReader:
     def host(self, host: str) -> str:
         if host in ("sim", "local"):
             return host
+        if host.startswith("slurm:"):
+            try:
+                slurm_login(host)
+            except ValueError as exc:
+                raise self.fail("host", str(exc)) from None
+            return host
         if host.startswith("ssh://"):
             try:
                 parts = urlsplit(host)
@@ -272,8 +281,21 @@ class ProfileReader:
             raise self.fail("host", f"cannot read {host!r}; write ssh://user@host:port (user and port optional)")
         if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
             return host  # an ssh config alias
-        raise self.fail("host", f"expected \"sim\", \"local\", \"ssh://user@host:port\" or an ssh config alias, "
+        raise self.fail("host", f"expected \"sim\", \"local\", \"ssh://user@host:port\", an ssh config alias or "
+                        "\"slurm:local\" / \"slurm://LOGIN\", "
                         f"got {host!r}")
+
+    def slurm(self, host: str, table: dict[str, Any] | None) -> SlurmRequest | None:
+        """The [slurm] table of a `slurm:` host (app.core.hosts.slurm_request); a problem on any other host."""
+        login = slurm_login(host) if host.startswith("slurm:") else None
+        if login is None:
+            if table is not None:
+                self.problems.append("slurm: only a host = \"slurm:local\" or \"slurm://LOGIN\" profile reads a "
+                                     "[slurm] table; remove it or change host")
+            return None
+        request, problems = read_slurm_table(login, table or {})
+        self.problems.extend(problems)
+        return request
 
     def gpus(self, gpus: list[Any]) -> tuple[int, ...]:
         for i, index in enumerate(gpus):
@@ -474,7 +496,7 @@ def _nul_key(value: Any, where: str = "") -> str | None:
 
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
-                               "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
+                               "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str, "slurm": dict,
                                "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
                                "ready_regex": str, "health_url": str, "script": list, "extra_args": list,

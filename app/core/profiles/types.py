@@ -8,6 +8,7 @@ from pathlib import Path
 from app.core.data import Backend, FlagValue
 from app.core.errors import TunedashError
 from app.core.flags.toggles import Toggle
+from app.core.hosts.slurm_request import SlurmRequest
 
 
 class ProfileError(TunedashError, ValueError):
@@ -73,6 +74,8 @@ class Profile:
     script: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = 600.0  # how long a relaunch waits for READY (the CLI's --ready-timeout default)
+    # host = "slurm:..." only: the allocation to attach to or ask for (app.core.hosts.slurm_request)
+    slurm: SlurmRequest | None = None
 
     def toggle(self, key: str) -> Toggle | None:
         """The toggle bound to `key`, if any."""
