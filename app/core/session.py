@@ -134,6 +134,8 @@ class Session:
         self.log_path: str | None = None  # the log the log view follows: the running launch's
         self.acceptance = AcceptanceWatch()  # speculation not paying: its alarm is in the header and the event log
         self._stopped = False
+        # a scheduler's word (a Slurm allocation's time running out) goes to the event log
+        self._unsubscribe_notices = host.subscribe_notices(self.note)
 
     # ---- wiring ----------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
@@ -334,6 +336,7 @@ class Session:
         if self._stopped:
             return
         self._stopped = True
+        self._unsubscribe_notices()
         self.command.stop()
         await self._tasks.close()  # the GPU samples, probe, /metrics, log tail, version and flag reads
         await self.lifecycle.close()

@@ -334,7 +334,9 @@ class DashboardScreen(Screen[None]):
                 else session.profile.backend)
         alarm = session.acceptance.alarm  # in words, never in colour only (NO_COLOR)
         accept = f" · {alarm.header()}" if alarm is not None else ""
-        app.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
+        scheduler = session.host.scheduler_line()  # a Slurm allocation: its job, node and time left
+        sched = f" · {scheduler}" if scheduler else ""
+        app.sub_title = f"{base}{accept}{sched}{probe}{busy}{connection_note(session.connection, now_wall)}"
 
     def _push_chart(self, life: LifecycleView, now_wall: float) -> None:
         points = self.session.throughput

@@ -67,3 +67,13 @@ def test_the_loop_through_slurm(slurm_profile: MakeProfile, sim_state: Path, tmp
     assert not [name for name in _steps(job).values() if name.startswith("tunedash-")]  # no step left behind
     assert subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
         == "RUNNING"  # kill ends the server's step, never the allocation
+
+
+def test_ab_refuses_a_launch_the_allocation_cannot_hold(slurm_profile: MakeProfile) -> None:
+    """A one-minute allocation has under FIRST_LAUNCH_MIN_S left: the A/B stops before its first launch and says
+    why, instead of starting a launch the time limit would cut short."""
+    profile = slurm_profile(slurm='time = "1"')
+    ab = tunedash("ab", str(profile), "--a", "speculative-num-steps=1", "--b", "speculative-num-steps=3",
+                  "--launches", "1", "--trials", "1", *SMALL, timeout=120)
+    assert ab.returncode != 0
+    assert "the allocation on slurm:local ends in" in ab.stdout + ab.stderr and "[slurm] time" in ab.stdout + ab.stderr

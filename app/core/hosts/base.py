@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.core.data import ConnectionState
+from app.core.data import ConnectionState, EventLevel
 from app.core.errors import TunedashError
 from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, PROGRAM_SCRIPT, argv_size_problem
 from app.core.hosts.procfs import ProcessInfo, group_alive_in
@@ -343,6 +343,20 @@ class Host(abc.ABC):
         """Be told of connection changes (remote hosts only; a local host never calls it); returns the function
         that unsubscribes, which whoever subscribed calls when it closes."""
         return _nothing_to_undo
+
+    def subscribe_notices(self, listener: Callable[[str, EventLevel], None]) -> Unsubscribe:
+        """Be told what the host's scheduler says that a person should hear (a Slurm allocation's time running out)
+        as (text, level); returns the unsubscribe. Hosts without a scheduler never call it."""
+        return _nothing_to_undo
+
+    def scheduler_line(self) -> str | None:
+        """One short line on the allocation this host lives in ("slurm 42 on node1: RUNNING, 12:03 left"), from
+        what was last read (no I/O); None on a host without a scheduler."""
+        return None
+
+    async def time_left_s(self) -> float | None:
+        """Seconds until the host's allocation ends; None when nothing ends it (no scheduler, no time limit)."""
+        return None
 
     @property
     def connection_listeners(self) -> int:

@@ -36,12 +36,13 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 
-from app.core.data import ConnectionState
+from app.core.data import ConnectionState, EventLevel
 from app.core.hosts.base import (
     CommandResult,
     ConnectionChanged,
     Host,
     HostError,
+    HostIdentity,
     LeaderMismatch,
     LeaderProof,
     PathAge,
@@ -51,6 +52,7 @@ from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, listening_por
 from app.core.hosts.slurm_facts import (
     SlurmFacts,
     StepRecord,
+    format_left,
     granted_job,
     parse_job_line,
     parse_scontrol_job,
@@ -68,6 +70,9 @@ MARK = 'printf "%s %s\\n" "$SLURM_JOB_ID.$SLURM_STEP_ID" "$$" > "$0.tmp" && mv -
 SIGNAL_NAMES = {signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGINT: "INT", signal.SIGHUP: "HUP",
                 signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2", signal.SIGCONT: "CONT", signal.SIGSTOP: "STOP"}
 POLL_S = 5.0
+STREAM_STEP = "tunedash-stream"  # the name of every kept-open stream's step (telemetry)
+BUSY_RETRY_S = 20.0  # how long run() asks again for a step the controller cannot grant yet
+WARN_AT_S = (900.0, 300.0, 60.0)  # the event log hears when the allocation's time left passes each of these
 SALLOC_TIMEOUT_S = 300.0
 # srun's own word on how the task ended ("srun: error: NODE: task 0: Exited with exit code 3"): not the command's.
 TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)")
@@ -98,7 +103,7 @@ class SlurmHost(Host):
         self.request = request
         self.login = login
         self._extra_env = dict(extra_env or {})
-        self._poll_s = poll_s
+        self.poll_s = poll_s  # seconds between two reads of the allocation's facts
         self._job: int | None = None
         self._node = request.node
         self._where_lock = asyncio.Lock()
@@ -107,6 +112,8 @@ class SlurmHost(Host):
         self._closing = False
         self.facts = SlurmFacts()
         self._lost_at: float | None = None
+        self._notices: Listeners[tuple[str, EventLevel]] = Listeners(f"slurm {name} notices")
+        self._warned: set[float] = set()
 
     # ---- where: the allocation and its node ---------------------------------------------------------
     @property
@@ -187,6 +194,29 @@ class SlurmHost(Host):
     def connection_listeners(self) -> int:
         return len(self._listeners)
 
+    def subscribe_notices(self, listener: Callable[[str, EventLevel], None]) -> Unsubscribe:
+        return self._notices.subscribe(lambda notice: listener(*notice))
+
+    def scheduler_line(self) -> str | None:
+        """SlurmFacts.header with the time left counted down from when it was read."""
+        facts = self.facts
+        if facts.time_left_s is not None and facts.read_at and not facts.ended:
+            left = max(0.0, facts.time_left_s - (time.time() - facts.read_at))
+            facts = SlurmFacts(facts.job, facts.node, facts.state, facts.reason, left, facts.read_at,
+                               facts.reachable, facts.detail)
+        return facts.header()
+
+    def _warn_time_left(self) -> None:
+        left = self.facts.time_left_s
+        if left is None:
+            return
+        passed = [mark for mark in WARN_AT_S if left <= mark and mark not in self._warned]
+        if passed:
+            self._warned.update(mark for mark in WARN_AT_S if left <= mark)
+            level: EventLevel = "error" if left <= WARN_AT_S[-1] else "warning"
+            self._notices.emit((f"{self.name}: the allocation (job {self.facts.job}) ends in {format_left(left)}; "
+                                "its steps end with it (a launch that cannot finish by then is refused)", level))
+
     def _emit(self, state: ConnectionState, detail: str, since: float | None = None) -> None:
         self._listeners.emit(ConnectionChanged(self.name, state, detail, time.time(), since))
 
@@ -201,6 +231,20 @@ class SlurmHost(Host):
         elif reachable and not was:
             self._emit("connected", f"slurmctld answers again ({self.facts.header()})", self._lost_at)
             self._lost_at = None
+            self._tasks.spawn(self._end_streams(), "end recovered streams")
+
+    async def _end_streams(self) -> None:
+        """After slurmctld came back, end tunedash's kept-open stream steps (their readers start them again).
+        Slurm 22.05 recovers running overlapping steps and then refuses every new step of the job while two of
+        them live ("Memory required by task is not available"); the server's step stays, the telemetry step
+        goes, and new steps are granted again (docs/decisions.md#slurm-steps-after-a-slurmctld-restart)."""
+        if self._job is None:
+            return
+        with contextlib.suppress(HostError):
+            result = await self._slurm(["squeue", "-h", "-s", "-j", str(self._job), "-o", "%i|%j|%N"])
+            for step, (name, _node) in parse_step_rows(result.stdout).items():
+                if name == STREAM_STEP:
+                    await self._slurm(["scancel", step])
 
     async def refresh(self) -> SlurmFacts:
         """Read the allocation's facts now (the watch does this every poll_s)."""
@@ -214,15 +258,19 @@ class SlurmHost(Host):
         row = parse_job_line(result.stdout) if result.returncode == 0 else None
         if row is not None and row[0] in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
             state, left, _nodes, reason = row
-            self.facts = SlurmFacts(job, self._node, state, reason, left, time.time(), True, "")
+            self.facts = SlurmFacts(job, self._node, state, reason, left, time.time(), self.facts.reachable, "")
             self._set_reachable(True, "")
+            self._warn_time_left()
             return self.facts
-        final = await self._slurm(["scontrol", "-o", "show", "job", str(job)])
+        try:
+            final = await self._slurm(["scontrol", "-o", "show", "job", str(job)])
+        except HostError:
+            return self.facts
         fields = parse_scontrol_job(final.stdout) if final.returncode == 0 else {}
         state = fields.get("JobState") or (row[0] if row else "ENDED")
         reason = fields.get("Reason", row[3] if row else "")
         was_ended = self.facts.ended
-        self.facts = SlurmFacts(job, self._node, state, reason, 0.0, time.time(), True, "")
+        self.facts = SlurmFacts(job, self._node, state, reason, 0.0, time.time(), self.facts.reachable, "")
         self._set_reachable(True, "")
         if self.facts.ended and not was_ended:
             self._emit("failed", self._ended_message())
@@ -238,27 +286,25 @@ class SlurmHost(Host):
 
     async def _watch(self) -> None:
         while not self._closing and not self.facts.ended:
-            await self.refresh()
-            await asyncio.sleep(self._poll_s)
+            with contextlib.suppress(HostError):  # unreachable: already said by _set_reachable; the next poll retries
+                await self.refresh()
+            await asyncio.sleep(self.poll_s)
 
     async def time_left_s(self) -> float | None:
         """Seconds until the allocation ends (None: no limit, or not known yet)."""
-        if self._job is None:
-            return None
+        await self.where()
         return (await self.refresh()).time_left_s
 
     # ---- commands through steps ---------------------------------------------------------------------
     def _step_argv(self, job: int, node: str, argv: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
-        return ["srun", "--jobid", str(job), "--overlap", "-N1", "-n1", "-w", node, "-Q", *extra, "--",
-                "sh", "-c", EXEC, "sh", *argv]
+        return [*step_head(job, node), *extra, "--", "sh", "-c", EXEC, "sh", *argv]
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         return {**self._extra_env, **(env or {})}
 
     def _srun_failed(self, result: CommandResult) -> None:
         """A failure of srun itself (not of the command) becomes a HostError that says which."""
-        said = [line for line in result.stderr.splitlines() if line.startswith("srun: error:")
-                and not TASK_EXIT.search(line)]
+        said = own_srun_errors(result.stderr).splitlines()
         if result.returncode == 0 or not said:
             return
         kind = trouble("\n".join(said))
@@ -268,12 +314,18 @@ class SlurmHost(Host):
             raise HostError(f"{self.name}: slurmctld unreachable ({last}); tunedash retries")
         if kind == "gone":
             raise AllocationEnded(f"{self.name}: the allocation (job {self._job}) is gone ({last})")
+        raise HostError(f"{self.name}: the step did not run ({last})")  # srun's own failure: nothing ran
 
     async def run(
         self, argv: Sequence[str], *, timeout: float | None = 30.0, env: Mapping[str, str] | None = None
     ) -> CommandResult:
         job, node = await self.where()
-        result = await self.login.run(self._step_argv(job, node, argv), timeout=timeout, env=self._env(env))
+        deadline = time.monotonic() + BUSY_RETRY_S
+        while True:
+            result = await self.login.run(self._step_argv(job, node, argv), timeout=timeout, env=self._env(env))
+            if time.monotonic() > deadline or trouble(own_srun_errors(result.stderr)) != "busy":
+                break
+            await asyncio.sleep(0.5)  # the step was not granted yet: ask again
         self._srun_failed(result)
         return CommandResult(tuple(argv), result.returncode, result.stdout, own_stderr(result.stderr))
 
@@ -281,7 +333,7 @@ class SlurmHost(Host):
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
     ) -> AsyncGenerator[str, None]:
         job, node = await self.where()
-        lines = self.login.stream_lines(self._step_argv(job, node, argv), env=self._env(env))
+        lines = self.login.stream_lines(self._step_argv(job, node, argv, ["-J", STREAM_STEP]), env=self._env(env))
         async with contextlib.aclosing(lines):
             async for line in lines:
                 if not (line.startswith("\x00stderr:") and TASK_EXIT.search(line[len("\x00stderr:"):])):
@@ -304,8 +356,7 @@ class SlurmHost(Host):
         await self.login.make_folder(log_path.rsplit("/", 1)[0] if "/" in log_path else ".")
         extra = ["-J", name, f"--output={log_path}", "--open-mode=append"] + ([f"--chdir={cwd}"] if cwd else [])
         inner = ["env", *(f"{key}={value}" for key, value in launch.items()), *argv] if launch else list(argv)
-        srun = ["srun", "--jobid", str(job), "--overlap", "-N1", "-n1", "-w", node, "-Q", *extra, "--",
-                "sh", "-c", MARK, marker, *inner]
+        srun = [*step_head(job, node), *extra, "--", "sh", "-c", MARK, marker, *inner]
         client = await self.login.spawn_detached(srun, log_path=log_path, env=launch)
         mark = await self._wait_marker(marker, client, log_path)
         step, _, pid_text = mark.partition(" ")
@@ -403,6 +454,14 @@ class SlurmHost(Host):
         """The recorded step of that launch is still in squeue under its name (the scheduler's word, not a pid)."""
         return await self._live_step(pgid, start_time) is not None
 
+    async def boot_identity(self) -> HostIdentity:
+        """The node's boot id and hostname; HostError when the step could not read them (an empty answer would
+        read as another host, and a job record's checks would refuse it)."""
+        identity = await super().boot_identity()
+        if not identity.hostname:
+            raise HostError(f"{self.name}: could not read the boot id and hostname of {self._node or 'the node'}")
+        return identity
+
     async def processes(self) -> list[ProcessInfo]:
         result = await self.run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; exit 0"])
         return parse_stat_text(result.stdout)
@@ -471,3 +530,16 @@ class SlurmHost(Host):
 def own_stderr(stderr: str) -> str:
     """The command's stderr without srun's own lines about how the task ended."""
     return "".join(line for line in stderr.splitlines(keepends=True) if not TASK_EXIT.search(line))
+
+
+def step_head(job: int, node: str) -> list[str]:
+    """The start of every srun tunedash runs: a step of `job` on `node`, one task, sharing the allocation's CPUs
+    and GPUs with the other steps (--overlap) and reserving none of its memory (--mem=0: after a slurmctld restart
+    the recovered steps' memory otherwise refused every new step, "Memory required by task is not available")."""
+    return ["srun", "--jobid", str(job), "--overlap", "--mem=0", "-N1", "-n1", "-w", node, "-Q"]
+
+
+def own_srun_errors(stderr: str) -> str:
+    """srun's own error lines (the step could not be made or reached), without how the task ended."""
+    return "\n".join(line for line in stderr.splitlines() if line.startswith("srun: error:")
+                     and not TASK_EXIT.search(line))

@@ -15,9 +15,11 @@ from typing import Literal
 HELD = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING")
 UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
                "Zero Bytes were transmitted or received", "Communication connection failure")
-GONE = ("Invalid job id specified", "Job/step already completing or completed", "Requested nodes are busy",
-        "Unable to confirm allocation", "already completed", "Job has expired", "Invalid job state")
-SrunTrouble = Literal["", "unreachable", "gone"]
+GONE = ("Invalid job id specified", "Job/step already completing or completed", "already completed",
+        "Job has expired", "Invalid job state")
+# A step the controller could not grant now but may grant a moment later (steps ending, a recovered job).
+BUSY = ("Memory required by task is not available", "Requested nodes are busy", "Unable to create step")
+SrunTrouble = Literal["", "unreachable", "gone", "busy"]
 # A time left as squeue's %L prints it: [days-][hours:]minutes:seconds, or UNLIMITED / NOT_SET / INVALID.
 _LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
@@ -97,6 +99,8 @@ def trouble(stderr: str) -> SrunTrouble:
         return "unreachable"
     if any(marker in stderr for marker in GONE):
         return "gone"
+    if any(marker in stderr for marker in BUSY):
+        return "busy"
     return ""
 
 
