@@ -90,6 +90,8 @@ def fleet_hosts(profiles: Sequence[Profile]) -> list[tuple[Profile, Host | Profi
         if key not in shared:
             try:
                 shared[key] = host_for(profile)
+                if hasattr(shared[key], "allocate"):  # a Slurm host: the fleet looks, it never asks for a job
+                    shared[key].allocate = False  # type: ignore[attr-defined]
             except ProfileError as exc:
                 out.append((profile, exc))
                 continue

@@ -104,6 +104,16 @@ def parse_age(text: str) -> PathAge | None:
     return PathAge(now - mtime, parts[0] == "1")
 
 
+@dataclass(frozen=True)
+class SchedulerStep:
+    """One of tunedash's steps a cluster scheduler lists (Slurm: squeue's step id, name, node, time running)."""
+
+    step: str
+    name: str
+    node: str
+    elapsed: str
+
+
 class HostError(TunedashError):
     """A host could not do what was asked; the message names the host and says what to do."""
 
@@ -353,6 +363,11 @@ class Host(abc.ABC):
         """One short line on the allocation this host lives in ("slurm 42 on node1: RUNNING, 12:03 left"), from
         what was last read (no I/O); None on a host without a scheduler."""
         return None
+
+    async def scheduler_steps(self) -> list[SchedulerStep]:
+        """tunedash's servers as the scheduler lists them, every allocation of this user (the fleet shows one row
+        per step); [] on a host without a scheduler. Never allocates anything."""
+        return []
 
     async def time_left_s(self) -> float | None:
         """Seconds until the host's allocation ends; None when nothing ends it (no scheduler, no time limit)."""

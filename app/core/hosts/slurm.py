@@ -46,6 +46,7 @@ from app.core.hosts.base import (
     LeaderMismatch,
     LeaderProof,
     PathAge,
+    SchedulerStep,
     SpawnedProcess,
 )
 from app.core.hosts.procfs import ProcessInfo, is_recorded_leader, listening_ports, parse_stat_line, parse_stat_text
@@ -113,6 +114,7 @@ class SlurmHost(Host):
         self.facts = SlurmFacts()
         self._lost_at: float | None = None
         self._notices: Listeners[tuple[str, EventLevel]] = Listeners(f"slurm {name} notices")
+        self.allocate = True  # where() may ask for an allocation (False: attach to a recorded one only)
         self._warned: set[float] = set()
 
     # ---- where: the allocation and its node ---------------------------------------------------------
@@ -125,7 +127,8 @@ class SlurmHost(Host):
         return f"{self.state_dir}/slurm/allocation"
 
     async def where(self) -> tuple[int, str]:
-        """The job id and node, allocating (salloc --no-shell) or attaching on first use; the watch starts then."""
+        """The job id and node, allocating (salloc --no-shell) or attaching on first use; the watch starts then.
+        With `allocate` False (the fleet: it only looks) a host with no recorded allocation raises HostError."""
         if self.facts.ended:
             raise AllocationEnded(self._ended_message())
         if self._job is not None and self._node:
@@ -151,6 +154,9 @@ class SlurmHost(Host):
                 with contextlib.suppress(AllocationEnded):
                     await self._check_running(job, given=False)
                     return job
+        if not self.allocate:
+            raise HostError(f"{self.name}: no allocation of tunedash's is running ({self.request.describe()}); "
+                            "nothing runs there yet")
         result = await self.login.run(self.request.salloc_argv(), timeout=SALLOC_TIMEOUT_S, env=self._extra_env)
         granted = granted_job(result.stderr)
         if result.returncode != 0 or granted is None:
@@ -405,6 +411,16 @@ class SlurmHost(Host):
         if row is None or row[0] != record.name:
             return None
         return record
+
+    async def scheduler_steps(self) -> list[SchedulerStep]:
+        """This user's steps named tunedash-TAG in every allocation (`squeue --me -s`), streams left out."""
+        result = await self._slurm(["squeue", "-h", "-s", "--me", "-o", "%i|%j|%N|%M"])
+        steps = []
+        for line in result.stdout.splitlines() if result.returncode == 0 else []:
+            parts = line.strip().split("|")
+            if len(parts) == 4 and parts[1].startswith(STEP_NAME + "-") and parts[1] != STREAM_STEP:
+                steps.append(SchedulerStep(*parts))
+        return steps
 
     async def _node_stat(self, pid: int) -> ProcessInfo | None:
         result = await self.run(["cat", f"/proc/{int(pid)}/stat"], timeout=30.0)
