@@ -9,6 +9,7 @@ is left, so there is no orphaned group to follow; tests/integration/test_slurm_h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -41,3 +42,16 @@ async def host(slurm_conf: Path, tmp_path: Path) -> AsyncIterator[Host]:
     yield made
     await made.release()
     await made.close()
+
+
+async def test_a_log_path_is_never_a_slurm_pattern(host: Host, tmp_path: Path) -> None:
+    """srun expands %j, %t, %N ... in --output: a log path holding them must still name exactly that file."""
+    log = tmp_path / "logs" / "job-%j-%t-%%.log"
+    spawned = await host.spawn_detached(["sh", "-c", "echo hello"], log_path=str(log))
+    for _ in range(100):
+        if log.exists() and log.read_text() == "hello\n":
+            break
+        await asyncio.sleep(0.05)
+    assert log.read_text() == "hello\n"
+    assert sorted(path.name for path in log.parent.iterdir()) == [log.name]
+    assert spawned.pid == spawned.pgid

@@ -23,6 +23,9 @@ shares), and the *node* of the allocation where the processes are, reached only 
   state, time left); slurmctld unreachable is ConnectionChanged "lost" and "connected" when it answers again;
   the allocation ending (time limit, scancel, node failure, preemption) is "failed" with the final state from
   scontrol, and every call after it raises HostError saying so.
+
+Over 400 lines: one implementation of the whole Host interface (as local.py and ssh.py); the parsing of the
+scheduler's output is in slurm_facts.py, the profile's request in slurm_request.py.
 """
 
 from __future__ import annotations
@@ -360,7 +363,12 @@ class SlurmHost(Host):
         marker = f"{self.state_dir}/slurm/launch-{secrets.token_hex(6)}"
         await self.login.make_folder(f"{self.state_dir}/slurm/steps")
         await self.login.make_folder(log_path.rsplit("/", 1)[0] if "/" in log_path else ".")
-        extra = ["-J", name, f"--output={log_path}", "--open-mode=append"] + ([f"--chdir={cwd}"] if cwd else [])
+        # srun expands %j, %t, ... in --output ("%%t" came out "%0" on 22.05); a leading backslash turns every
+        # substitution off and is itself dropped, so the path is the file's name as written
+        if "\\" in log_path:
+            raise HostError(f"{self.name}: the log path {log_path!r} holds a backslash, which srun's --output would "
+                            "drop; use a state folder without one")
+        extra = ["-J", name, f"--output=\\{log_path}", "--open-mode=append"] + ([f"--chdir={cwd}"] if cwd else [])
         inner = ["env", *(f"{key}={value}" for key, value in launch.items()), *argv] if launch else list(argv)
         srun = [*step_head(job, node), *extra, "--", "sh", "-c", MARK, marker, *inner]
         client = await self.login.spawn_detached(srun, log_path=log_path, env=launch)
