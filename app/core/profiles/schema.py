@@ -17,6 +17,7 @@ from app.core.data import BACKENDS, Backend, FlagValue, one_of
 from app.core.flags.catalog import FlagSpec
 from app.core.flags.toggles import Toggle, default_toggles, flip, merge_toggles
 from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
+from app.core.profiles.tune_table import TuneReader
 from app.core.profiles.types import BenchSettings, Profile, ProfileError
 
 DEFAULT_MODULES = {
@@ -43,7 +44,7 @@ class ProfileReader:
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
                 "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
-                "extra_args", "warm", *CUSTOM_KEYS)
+                "extra_args", "warm", "tune", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -132,6 +133,8 @@ class ProfileReader:
         bench = self.bench(got.get("bench", {}))
         script = self.attempt(none, self.strings, got, "script", backend)
         extra_args = self.attempt(none, self.strings, got, "extra_args", backend)
+        toggles = merge_toggles(default_toggles(backend), own_toggles)
+        tune = TuneReader(self, backend, toggles, bench).read(got["tune"]) if "tune" in got else None
         if self.problems:
             raise self.collected()
         return Profile(
@@ -145,7 +148,7 @@ class ProfileReader:
             gpus=gpus,
             env=env,
             flags=flags,
-            toggles=merge_toggles(default_toggles(backend), own_toggles),
+            toggles=toggles,
             own_toggles=own_toggles,
             ready_timeout_s=float(ready_timeout),
             bench=bench,
@@ -157,6 +160,7 @@ class ProfileReader:
             script=script,
             extra_args=extra_args,
             warm=got.get("warm", False),
+            tune=tune,
             **custom,
         )
 
@@ -478,7 +482,7 @@ _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "py
                                "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
                                "ready_regex": str, "health_url": str, "script": list, "extra_args": list,
-                               "warm": bool}
+                               "warm": bool, "tune": dict}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table", bool: "true or false"}
 
 
