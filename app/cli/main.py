@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.cli import adopt, fleet, measure, prewarm, remote, serve, server
+from app.cli import adopt, fleet, measure, prewarm, remote, serve, server, tune
 from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.register(sub, _with_overrides)
     prewarm.register(sub)
     measure.register(sub, _with_overrides)
+    tune.register(sub, _with_overrides)
 
     p = sub.add_parser("profiles", help="list the profiles tunedash finds")
     p.add_argument("--json", action="store_true")

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from app.core.data import FlagValue
+from app.core.flags.catalog import FlagSpec
 from app.core.flags.toggles import Toggle, toggle_for_flag
 from app.core.flags.values import FlagError, check_value, format_value
 from app.core.profiles.types import (
@@ -40,8 +41,19 @@ from app.core.profiles.types import (
     TuneShape,
 )
 
-if TYPE_CHECKING:
-    from app.core.profiles.schema import ProfileReader
+T = TypeVar("T")
+
+
+class ProfileReader(Protocol):
+    """What the [tune] reader uses of app.core.profiles.schema.ProfileReader (its problems list and checks)."""
+
+    problems: list[str]
+
+    def attempt(self, default: T, read: Any, *args: Any) -> T: ...
+
+    def unknown_keys(self, table: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None: ...
+
+    def flag_spec(self, backend: str, name: str, key: str) -> FlagSpec: ...
 
 TUNE_KEYS = ("objective", "shapes", "exclude", "max_launches", "time_budget", "confidence", "tie_pct",
              "min_launches", "advisor_seeds", "flags", "toggles", "constraints")

@@ -12,8 +12,8 @@ from typing import Any
 
 from app.core.measure.store import RunRow
 from app.core.profiles.types import TuneShape
+from app.core.tune.model import OBJECTIVE_TEXT, LaunchDone, TuneSpec, TuneState, race_value, state_from_run
 from app.core.tune.race import Decision, RaceRule, ShapeBoard, decide
-from app.core.tune.run import OBJECTIVE_TEXT, LaunchDone, TuneSpec, TuneState, race_value, state_from_run
 from app.core.tune.space import Candidate
 
 
