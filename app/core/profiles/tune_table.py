@@ -182,7 +182,7 @@ class TuneReader:
                     continue
                 if value is False and not spec.negatable:
                     value = None
-            label = option_label(value)
+            label = "off" if item is False else option_label(value)
             if any(o.label == label for o in options):
                 self.problem(f"{where}[{i}]", f"{label} is listed twice")
                 continue
@@ -282,8 +282,8 @@ class TuneReader:
                     self.problem(f"{where}.{key}", f"not tuned; exclusions name flags of [tune.flags] or keys of "
                                  f"[tune.toggles] ({', '.join(by_name) or 'none'})")
                     continue
-                label = value if isinstance(value, str) and len(axis.name) == 1 else option_label(
-                    None if value == "unset" else value)
+                label = (value if isinstance(value, str) and len(axis.name) == 1 else "off" if value is False
+                         else option_label(None if value == "unset" else value))
                 if all(o.label != label for o in axis.options):
                     self.problem(f"{where}.{key}", f"{value!r} is not one of the values tuned: "
                                  f"{', '.join(o.label for o in axis.options)}")
