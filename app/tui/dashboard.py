@@ -42,7 +42,7 @@ from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleEvent, LifecycleView, StateChanged
 from app.core.session import ReadOnlyError, Session
 from app.core.telemetry.pagecache import read_page_cache
-from app.tui import advisor, bench
+from app.tui import advisor, bench, tune
 from app.tui.adopt_confirm import ask_adopted
 from app.tui.commands import untuned_flag_message
 from app.tui.views import (
@@ -82,6 +82,7 @@ docs/decisions.md#ui-push-rate."""
 WATCHER_REFUSES = {
     "bench": "a benchmark (b) loads the server and writes the history",
     "ab": "an A/B (a) relaunches the server and writes the history",
+    "tune": "a tune (t) relaunches the server and writes the history",
     "probe": "the probe (p) loads the server",
     "export_events": "export (x) writes a file",
     "press_toggle": "flag changes",
@@ -91,7 +92,7 @@ writes the owner's files or config, or answers a trust prompt (docs/decisions.md
 DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "kill_all": "kill all", "confirm_free": "confirm free"}
 """Keys that signal or launch: refused in every read-only session (one that watches, or one another session drives)."""
 COMMANDS = {"relaunch": "relaunch", "confirm_free": "confirm free", "bench": "bench", "ab": "A/B",
-            "advise": "advisor"}
+            "advise": "advisor", "tune": "tune"}
 """Keys that start a command in the Session's one slot: refused (dimmed) while another command runs. The kill is
 not here: it cancels the command in progress, then kills."""
 NEEDS_READY = {"bench": "a benchmark", "mark_baseline": "the baseline", "advise": "the advisor"}
@@ -157,6 +158,8 @@ class DashboardScreen(Screen[None]):
         Binding("B", "mark_baseline", "Baseline", id="baseline", tooltip="Mark the running config as the baseline"),
         Binding("a", "ab", "A/B", id="ab", tooltip="A/B: baseline (A) vs pending flags (B), relaunching each"),
         Binding("h", "history", "History", id="history", tooltip="Past benchmarks and A/B runs"),
+        Binding("t", "tune", "Tune", id="tune", show=False,
+                tooltip="Race the profile's [tune] candidates over its request shapes (tunedash tune)"),
     ]
 
     APP_BINDINGS: ClassVar[list[Binding]] = [
@@ -428,6 +431,8 @@ class DashboardScreen(Screen[None]):
             return f"read-only: {WATCHER_REFUSES[action]}, so it is off here{self._how_to_drive()}"
         if action == "ab" and session.readonly:
             return f"read-only session: A/B relaunches the server, so it is disabled{self._how_to_drive()}"
+        if action == "tune" and session.readonly:
+            return f"read-only session: a tune relaunches the server, so it is disabled{self._how_to_drive()}"
         if action == "press_toggle" and parameters and self.tuning_flags_only:
             toggle = session.profile.toggle(str(parameters[0]))
             for flag in toggle.flags if toggle is not None else ():
@@ -593,6 +598,9 @@ class DashboardScreen(Screen[None]):
 
     def action_history(self) -> None:
         bench.open_history(self)
+
+    def action_tune(self) -> None:
+        tune.start_tune(self)
 
     def action_advise(self) -> None:
         self.run_worker(advisor.advise(self), name="advise", exit_on_error=False)

@@ -39,7 +39,7 @@ def board_rows(data: dict[str, Any], shape: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _summary_lines(data: dict[str, Any]) -> list[str]:
+def summary_lines(data: dict[str, Any]) -> list[str]:
     ln = data["launches"]
     lines = [f"launches: {ln['spent']} spent ({ln['failed']} failed to start"
              + (f", {ln['redone_partial']} re-done after an interruption" if ln["redone_partial"] else "")
@@ -55,11 +55,11 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _out_lines(data: dict[str, Any]) -> list[str]:
+def out_lines(data: dict[str, Any]) -> list[str]:
     return [f"  {c['label']}: {c['why_out']}" for c in data["candidates"] if not c["alive"]]
 
 
-def _pareto_lines(data: dict[str, Any]) -> list[str]:
+def pareto_lines(data: dict[str, Any]) -> list[str]:
     pareto = data["pareto"]
     points = pareto["points"]
     lines = []
@@ -83,11 +83,11 @@ def results_text(data: dict[str, Any]) -> str:
                    f"{shape['output_len']} out, {shape['requests']} requests): {shape['verdict']}")
         out.append(text_table(board_rows(data, shape)))
     out.append("")
-    out.extend(_summary_lines(data))
+    out.extend(summary_lines(data))
     if any(not c["alive"] for c in data["candidates"]):
         out.append("eliminated:")
-        out.extend(_out_lines(data))
-    out.extend(_pareto_lines(data))
+        out.extend(out_lines(data))
+    out.extend(pareto_lines(data))
     if data.get("ended_on"):
         out.append(f"the server runs {data['ended_on']}")
     return "\n".join(out)
@@ -98,11 +98,11 @@ def results_markdown(data: dict[str, Any]) -> str:
            f"Ranked by {data['metric']}; the launch is the unit of the intervals.", ""]
     for shape in data["shapes"]:
         out += [f"### {shape['shape']}", "", f"**{shape['verdict']}**", "", markdown_table(board_rows(data, shape)), ""]
-    out += [f"- {line}" for line in _summary_lines(data)]
+    out += [f"- {line}" for line in summary_lines(data)]
     if any(not c["alive"] for c in data["candidates"]):
         out += ["", "Eliminated:", ""] + [f"- {c['label']}: {c['why_out']}" for c in data["candidates"]
                                           if not c["alive"]]
-    out += ["", *[f"- {line}" for line in _pareto_lines(data)]]
+    out += ["", *[f"- {line}" for line in pareto_lines(data)]]
     if data.get("ended_on"):
         out += ["", f"The server runs {data['ended_on']}."]
     out += ["", "Candidates:", "", markdown_table([["candidate", "source", "overrides", "launches"]] + [
@@ -167,7 +167,7 @@ def results_svg(data: dict[str, Any]) -> str:
     width = 960
     lines = [f"tune run #{data['run_id']} ({data['status']}), {data['metric']}"]
     lines += [f"{s['shape']}: {s['verdict']}" for s in data["shapes"]]
-    lines += _summary_lines(data)
+    lines += summary_lines(data)
     height = 40 + 18 * len(lines) + 340
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="monospace"><rect width="100%" height="100%" fill="#fff"/>']
