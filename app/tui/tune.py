@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
 
@@ -30,6 +30,21 @@ from app.core.tune.results import tune_results
 from app.core.tune.run import TuneProgress, TuneRunner
 from app.core.tune.space import build_space
 from app.tui.bench import Dashboard, open_store
+from widgets.pareto_plot import ParetoPlot, ParetoView
+
+
+def pareto_views(data: dict[str, Any]) -> tuple[ParetoView, ParetoView]:
+    """The results' two Pareto fronts as the plots' views: per stream vs total tok/s, per stream vs J/token."""
+    pareto = data["pareto"]
+    points = pareto["points"]
+    views = []
+    for key, yk, title in (("stream_vs_total", "total_tok_s", "Pareto: per stream vs total tok/s"),
+                           ("stream_vs_j_per_token", "j_per_token", "Pareto: per stream vs J/token")):
+        got = tuple((p["stream_tok_s"], p[yk]) for p in points
+                    if p.get("stream_tok_s") is not None and p.get(yk) is not None)
+        front = tuple((points[i]["stream_tok_s"], points[i][yk]) for i in pareto[key]["front"])
+        views.append(ParetoView(title, "tok/s per stream", yk.replace("_", " "), got, front))
+    return views[0], views[1]
 
 
 class TuneScreen(Screen[None]):
@@ -48,6 +63,7 @@ class TuneScreen(Screen[None]):
     TuneScreen ProgressBar { padding: 0 1; }
     TuneScreen DataTable { height: 2fr; min-height: 6; }
     TuneScreen RichLog { height: 1fr; min-height: 3; border: round $primary; }
+    TuneScreen #pareto { height: 2fr; min-height: 8; max-height: 16; }
     """
 
     def __init__(self, dashboard: Dashboard) -> None:
@@ -65,6 +81,9 @@ class TuneScreen(Screen[None]):
             yield DataTable(id="boards", zebra_stripes=True)
             yield Static("", id="out")
             yield Static("", id="summary")
+            with Horizontal(id="pareto"):
+                yield ParetoPlot(id="pareto-total")
+                yield ParetoPlot(id="pareto-energy")
             yield RichLog(id="steps", wrap=True, markup=False)
         yield Footer()
 
@@ -175,6 +194,9 @@ class TuneScreen(Screen[None]):
                 table.add_row("", *row)
         out = [f"{c['label']}: {c['why_out']}" for c in data["candidates"] if not c["alive"]]
         self.query_one("#out", Static).update("eliminated:\n" + "\n".join(out) if out else "")
+        total, energy = pareto_views(data)
+        self.query_one("#pareto-total", ParetoPlot).show(total)
+        self.query_one("#pareto-energy", ParetoPlot).show(energy)
         if final:
             lines = [*summary_lines(data), *pareto_lines(data)]
             if data.get("ended_on"):

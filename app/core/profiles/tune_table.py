@@ -10,7 +10,7 @@
                   left out (keys: flags of [tune.flags] or toggle keys of [tune.toggles]; values as written there)
     max_launches  int >= 1  default: twice the candidates (what a two-launch grid spends)
     time_budget   seconds >= 1 of wall time, or unset
-    confidence    0.5-0.999 (0.95)   tie_pct  0-50 (2.0: within this % counts as a tie)   min_launches 1+ (2)
+    confidence    0.5-0.999 (0.95)   tie_pct  0-50 (2.0: within this % counts as a tie)   min_launches 1+ (1)
     advisor_seeds true (default): the advisor's fixes of the running server join as candidates
     [tune.flags]     flag = [values]   any catalog flag, each value checked by the catalog (false/"unset" on a
                      non-negatable flag leaves it out); speculative-num-steps keeps --speculative-num-draft-tokens
@@ -154,7 +154,7 @@ class TuneReader:
             time_budget_s=self.real(table, "time_budget", 1.0, math.inf, None),
             confidence=self.real(table, "confidence", 0.5, 0.999, 0.95) or 0.95,
             tie_pct=self.real(table, "tie_pct", 0.0, 50.0, 2.0) or 0.0,
-            min_launches=self.integer(table, "min_launches", 1, 2) or 2,
+            min_launches=self.integer(table, "min_launches", 1, 1) or 1,
             advisor_seeds=self.boolean(table, "advisor_seeds", True))
         return settings if len(self.reader.problems) == before else None
 

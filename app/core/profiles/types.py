@@ -92,7 +92,7 @@ class TuneSettings:
     time_budget_s: float | None = None
     confidence: float = 0.95
     tie_pct: float = 2.0
-    min_launches: int = 2
+    min_launches: int = 1  # launches each candidate gets before the rule may drop it
     advisor_seeds: bool = True  # add the advisor's fixes of the running server as candidates
 
 

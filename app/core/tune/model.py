@@ -88,12 +88,13 @@ class TuneSpec:
                        max_tokens=shape.output_len, warmup=0)
 
     def own_shape(self) -> int:
-        """The shape matching the profile's [bench] (the one the server ends on), else the first."""
+        """The shape matching the profile's [bench] (the one the server ends on), else the first at its concurrency,
+        else the first."""
         b = self.profile.bench
         for i, s in enumerate(self.shapes):
             if (s.concurrency, s.input_len, s.output_len) == (b.concurrency, b.input_len, b.output_len):
                 return i
-        return 0
+        return next((i for i, s in enumerate(self.shapes) if s.concurrency == b.concurrency), 0)
 
     def params_json(self) -> dict[str, Any]:
         st = self.settings

@@ -315,7 +315,9 @@ class TuneRunner:
                 self.ended_on = "no winner: the server keeps what it ran last"
                 return
             target = self.names().index(best)
-            why = f"the winner at {spec.shapes[spec.own_shape()].label}"
+            shape = spec.shapes[spec.own_shape()].label
+            why = (f"the winner at {shape}" if board is not None and board.leader == best
+                   else f"ahead at {shape}, not separated within the budget")
         label = spec.candidates[target].label
         if self._current == target:
             self.ended_on = f"{label} ({why}), already running"
