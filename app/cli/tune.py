@@ -189,20 +189,25 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
         print(f"tunedash: {exc}", file=sys.stderr)
         code = exit_code(exc)
     except asyncio.CancelledError:
+        _report(args, spec, runner)  # what the finished launches say so far
         print(f"cancelled: run #{runner.run_id} is kept; `tunedash tune {profile.name} --resume {runner.run_id}` "
               "goes on without repeating a finished launch", file=sys.stderr)
         raise
     finally:
         await lifecycle.close()
+    _report(args, spec, runner)
+    return code
+
+
+def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> None:
     data = tune_results(spec, runner.state, runner.decision or runner.decide(), status=runner.status,
                         run_id=runner.run_id, note=runner.note, ended_on=runner.ended_on)
     if args.json:
         say(json.dumps(data, indent=2))
-    else:
-        say("")
-        say(results_text(data))
-        say(f"history: run #{runner.run_id} (`tunedash export {runner.run_id} --format md|csv|json|svg`)")
-    return code
+        return
+    say("")
+    say(results_text(data))
+    say(f"history: run #{runner.run_id} (`tunedash export {runner.run_id} --format md|csv|json|svg`)")
 
 
 def register(sub: Any, with_overrides: Any) -> None:

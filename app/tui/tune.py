@@ -168,10 +168,7 @@ class TuneScreen(Screen[None]):
             await runner.run()
         except TuneFailed as exc:
             self.say(f"stopped: {exc}")
-        except asyncio.CancelledError:
-            self.say(f"cancelled; every finished launch is kept (tunedash tune {spec.profile.name} --resume "
-                     f"{runner.run_id})")
-            raise
+
         finally:
             decision = runner.decision or runner.decide()
             data = tune_results(spec, runner.state, decision, status=runner.status, run_id=runner.run_id,

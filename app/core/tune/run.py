@@ -169,7 +169,8 @@ class TuneRunner:
             status, note = "done", decision.why_done
             await self._end(decision)
         except asyncio.CancelledError:
-            status, note = "cancelled", "cancelled; every finished launch is kept (`tunedash tune --resume`)"
+            status, note = "cancelled", (f"cancelled; every finished launch is kept (`tunedash tune "
+                                         f"{self.spec.profile.name} --resume {self.run_id}` goes on)")
             self._emit("cancelled", note)
             raise
         except TuneFailed as exc:
