@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import parse_profile
 from app.core.profiles.types import Profile
-from app.core.tune.model import LaunchDone, ShapeTrial, TuneSpec, state_from_run
+from app.core.tune.model import LaunchDone, ShapeTrial, TuneFailed, TuneSpec, spec_from_run, state_from_run
 from app.core.tune.race import Decision
 from app.core.tune.run import TuneRunner
 from app.core.tune.space import build_space
@@ -107,3 +109,39 @@ def test_a_stored_launch_without_all_its_trials_is_partial_and_its_number_is_not
     assert state.next_launch(1) == 1 and state.next_launch(0) == 1 and state.next_launch(2) == 0
     runner = TuneRunner(spec, owner=None, resume=run)  # type: ignore[arg-type]
     assert [ln.candidate for ln in runner.counted()] == [0] and runner.state.spent() == 2
+
+
+def test_resume_refuses_another_kind_another_profile_a_finished_run_and_unreadable_params(tmp_path: Path) -> None:
+    spec = _spec()
+    profile = replace(spec.profile, name="p")
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        arms = [(c.label, "", c.flags) for c in spec.candidates]
+        tune = store.start_run("tune", profile="p", host="local", backend="sglang", model="m",
+                               params=spec.params_json(), arms=arms)
+        ab = store.start_run("ab", profile="p", host="local", backend="sglang", model="m", params={}, arms=arms)
+        other = store.start_run("tune", profile="q", host="local", backend="sglang", model="m",
+                                params=spec.params_json(), arms=arms)
+        done = store.start_run("tune", profile="p", host="local", backend="sglang", model="m",
+                               params=spec.params_json(), arms=arms)
+        store.finish_run(done, "done", note="every shape separated")
+        torn = store.start_run("tune", profile="p", host="local", backend="sglang", model="m",
+                               params={"shapes": "?"}, arms=arms)
+        rows = {name: store.run(rid) for name, rid in
+                (("tune", tune), ("ab", ab), ("other", other), ("done", done), ("torn", torn))}
+    expected = {"ab": f"run #{ab} is not a tune run (kind ab)", "other": f"run #{other} tuned profile 'q', not 'p'",
+                "done": f"run #{done} is finished (every shape separated)",
+                "torn": f"run #{torn}: its stored parameters are unreadable"}
+    for name, start in expected.items():
+        row = rows[name]
+        assert row is not None
+        with pytest.raises(TuneFailed) as caught:
+            spec_from_run(profile, row)
+        assert str(caught.value).startswith(start), (name, caught.value)
+    row = rows["tune"]
+    assert row is not None
+    again = spec_from_run(profile, row, max_launches=5)
+    # what was stored comes back, whatever the profile's [tune] says now; a budget given again replaces it
+    assert [c.label for c in again.candidates] == [c.label for c in spec.candidates]
+    assert [c.flags for c in again.candidates] == [c.flags for c in spec.candidates]
+    assert again.shapes == spec.shapes and again.max_launches == 5
+    assert again.settings.ttft_p95_ms == 100.0 and again.settings.objective == "stream_tok_s"

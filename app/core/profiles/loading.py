@@ -50,6 +50,8 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                 "completions"), seed (0),
                 slo_ttft_ms, slo_tpot_ms (numbers of ms, unset: no goodput): a request meets the SLOs
                 when its TTFT and its time per output token are at most these; goodput = such requests/s
+    [tune]      what `tunedash tune` races: [tune.flags] (flag = [values]), [tune.toggles] (key = [state names]),
+                shapes, exclude, objective, constraints, budget; every key in app.core.profiles.tune_table
 
 backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as scripts/gpu_hog.py):
 

@@ -182,7 +182,7 @@ def spec_from_run(profile: Profile, run: RunRow, *, restore: bool = False, ready
     objective, constraints and rule as they were stored, whatever the profile's [tune] says now. A budget given
     again (`--launches`, `--time-budget`) replaces the stored one."""
     if run.kind != KIND:
-        raise TuneFailed(f"run #{run.id} is a {run.kind} run, not a tune run; `tunedash history` lists the runs",
+        raise TuneFailed(f"run #{run.id} is not a tune run (kind {run.kind}); `tunedash history` lists the runs",
                          Reason.BAD_INPUT)
     if run.profile != profile.name:
         raise TuneFailed(f"run #{run.id} tuned profile {run.profile!r}, not {profile.name!r}; resume it with "
