@@ -173,7 +173,7 @@ def tune_results(spec: TuneSpec | RaceSetup, state: TuneState, decision: Decisio
                            "verdict": board_verdict(board, setup.rule.tie_pct), "rows": rows})
     best = _best_single(setup, decision.boards, alive)
     n = len(names)
-    verdict = "; ".join(f"{b['shape']}: {b['verdict']}" for b in shapes_out)
+    verdict = "; ".join(f"{b['shape']}: {_short_verdict(b, setup.rule.tie_pct)}" for b in shapes_out)
     failed = sum(1 for ln in counted if ln.outcome != "ready")
     data: dict[str, Any] = {
         "run_id": run_id, "kind": "tune", "status": status, "objective": objective,
@@ -192,6 +192,15 @@ def tune_results(spec: TuneSpec | RaceSetup, state: TuneState, decision: Decisio
     if note:
         data["note"] = note
     return data
+
+
+def _short_verdict(board: dict[str, Any], tie_pct: float) -> str:
+    """A shape's outcome in a few words, for the history's one line: the winner, the tie, or who is ahead."""
+    if board["leader"] is None:
+        return f"{board['front']} ahead, not separated" if board["front"] else "no value"
+    if board["tied"]:
+        return f"{len(board['tied'])} within {tie_pct:g}% ({board['leader']} first)"
+    return str(board["leader"])
 
 
 def _shape_json(shape: TuneShape) -> dict[str, int]:
