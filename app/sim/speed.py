@@ -102,6 +102,15 @@ class SpeedModel:
         return max(self.cfg.spec_draft_tokens - 1, self.cfg.spec_steps)
 
     @property
+    def accept_decay(self) -> float:
+        """Each later draft position is accepted with this factor less often than the one before (1: no decay)."""
+        return float(self.p.get("accept_decay", 1.0)) if self.cfg.spec_algorithm else 1.0
+
+    def position_accept(self, i: int) -> float:
+        """The chance draft token i (1-based) is accepted given every one before it was."""
+        return self.accept_prob * self.accept_decay ** (i - 1)
+
+    @property
     def accept_prob(self) -> float:
         if not self.cfg.spec_algorithm:
             return 0.0
@@ -126,9 +135,11 @@ class SpeedModel:
             f *= self.p[f"{spec}overlap_schedule_overhead_factor"]
         return float(f)
 
-    def mean_step_ms(self, batch: int = 1) -> float:
+    def mean_step_ms(self, batch: int = 1, context: float = 0.0) -> float:
+        """One decode step's nominal time for `batch` sequences of `context` tokens each (prompt + generated)."""
         p = self.p
-        grow = 1 + p["batch_cost"] * (max(batch, 1) - 1)
+        batch = max(batch, 1)
+        grow = 1 + p["batch_cost"] * (batch - 1)
         target = p["target_ms_per_weight_gib"] * self.cfg.weights_gib / max(self.cfg.tp_size, 1)
         if self.cfg.torch_compile:
             target *= p["torch_compile_target_factor"]
@@ -136,28 +147,39 @@ class SpeedModel:
         if self.cfg.spec_algorithm:
             draft = p.get("draft_step_ms_by_algorithm", {}).get(self.cfg.spec_algorithm, p["draft_step_ms"])
             spec = self.cfg.spec_steps * draft + self.draft_tokens * p["verify_per_draft_token_ms"]
-        return float(p["overhead_ms"] * self.overhead_factor(batch) + (target + spec) * grow)
+        # verifying: every sequence's draft tokens go through the target; past a few streams (the knee) decoding
+        # stops being memory-bound and their compute grows with the batch
+        knee = float(p.get("verify_batch_knee", 1))
+        verify_batch = (self.draft_tokens * float(p.get("verify_batch_ms_per_draft_token", 0.0))
+                        * max(batch - knee, 0.0))
+        # attention: each sequence reads its KV every step; each draft token adds its share (draft + verify)
+        ktok = max(context, 0.0) / 1000 * batch
+        kv = ktok * (float(p.get("kv_ms_per_ktok", 0.0))
+                     + self.draft_tokens * float(p.get("spec_kv_ms_per_ktok", 0.0)))
+        return float(p["overhead_ms"] * self.overhead_factor(batch) + (target + spec) * grow + verify_batch + kv)
 
     def mean_accept_len(self) -> float:
         """Expected tokens per sequence per step (1 without speculative decoding)."""
-        q = self.accept_prob
-        return 1.0 + sum(q**i for i in range(1, self.draft_tokens + 1))
+        total, reach = 1.0, 1.0
+        for i in range(1, self.draft_tokens + 1):
+            reach *= self.position_accept(i)
+            total += reach
+        return total
 
-    def mean_stream_tok_s(self, batch: int = 1) -> float:
-        """Expected tokens/s of one stream when `batch` streams decode together."""
-        return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch)
+    def mean_stream_tok_s(self, batch: int = 1, context: float = 0.0) -> float:
+        """Expected tokens/s of one stream when `batch` streams of `context` tokens decode together."""
+        return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch, context)
 
-    def sample_step_ms(self, batch: int) -> float:
+    def sample_step_ms(self, batch: int, context: float = 0.0) -> float:
         """One step's time: the nominal mean, this launch's factor, the step's own noise."""
-        step = self.mean_step_ms(batch) / self.launch_factor
+        step = self.mean_step_ms(batch, context) / self.launch_factor
         return max(0.1, step * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
 
     def sample_accept(self) -> int:
         """Tokens one sequence gains in one step (1 + accepted drafts)."""
         n = 1
-        q = self.accept_prob
-        for _ in range(self.draft_tokens):
-            if self.rng.random() >= q:
+        for i in range(1, self.draft_tokens + 1):
+            if self.rng.random() >= self.position_accept(i):
                 break
             n += 1
         return n

@@ -82,13 +82,17 @@ def test_identical_candidates_end_in_a_tie() -> None:
     assert dict(d.eliminated) == {}
 
 
-def test_one_launch_each_decides_nothing_and_asks_for_front_and_open() -> None:
+def test_one_launch_each_decides_nothing_and_asks_for_the_duel() -> None:
     obs = launches("a", "s", [100.0]) + launches("b", "s", [50.0]) + launches("c", "s", [99.0])
     d = decide(["a", "b", "c"], ["s"], obs, RaceRule())
     assert not d.done and dict(d.eliminated) == {}
     assert d.boards[0].leader is None and d.boards[0].front == "a"
     assert set(d.boards[0].open) == {"b", "c"}
-    assert d.next == ("c", "b", "a")  # all at one launch (odd): reversed candidate order
+    # no interval yet (no candidate has two launches): the challenger is the closest mean, c; a and c have one
+    # launch each, so the challenger goes first; then the rest, all at one launch (odd): reversed order
+    assert d.next == ("c", "b", "a")
+    pairwise = decide(["a", "b", "c"], ["s"], obs, RaceRule(pool_spread=False))
+    assert pairwise.next == ("c", "b", "a") and not pairwise.done
 
 
 def test_warm_up_first_then_fewest_launches_first() -> None:
@@ -103,15 +107,32 @@ def test_warm_up_first_then_fewest_launches_first() -> None:
     assert d2.done and d2.boards[0].leader == "a"
 
 
-def test_next_goes_fewest_launches_first_in_abba_order() -> None:
-    # a (3 launches) in front, b (2) and c (2) open against it (one launch each is too few to say more)
+def test_next_is_the_duel_then_fewest_launches_first_in_abba_order() -> None:
+    # a (3 launches, arithmetic mean 100.013) in front; b, c, d (2 each) have geometric means 99.995, 99.980 and
+    # 99.9987 and the same standard error against a, so d has the highest upper bound: the challenger. a has more
+    # launches than d, so d is launched first; then the rest fewest first: b, c (two: candidate order), a.
     obs = launches("a", "s", A3) + launches("b", "s", [99.0, 101.0]) + launches("c", "s", [98.0, 102.0])
     obs += launches("d", "s", [99.5, 100.5])
     d = decide(["a", "b", "c", "d"], ["s"], obs, RaceRule(tie_pct=0.0))
-    assert d.next == ("b", "c", "d", "a")  # two launches (even): candidate order; then a with three
+    assert d.boards[0].front == "a" and set(d.boards[0].open) == {"b", "c", "d"}
+    assert d.next == ("d", "b", "c", "a")
     obs += launches("b", "s", [100.0], start=2)
     d = decide(["a", "b", "c", "d"], ["s"], obs, RaceRule(tie_pct=0.0))
-    assert d.next == ("c", "d", "b", "a")  # b and a at three (odd): reversed among them
+    assert d.next == ("d", "c", "b", "a")  # d still the challenger; b and a at three (odd): reversed among them
+
+
+def test_bonferroni_splits_the_error_over_the_comparisons() -> None:
+    # b 4% below a (the bound hand-computed above: 1.0088 at 95% with 3 df); with two more candidates far below,
+    # the per-comparison level is 1 - 0.05 / 3: t(0.98333, 3) = 3.7405 (scipy t.ppf): high = exp(ln 0.96 + t se)
+    se = math.sqrt(0.0016 / 3) * math.sqrt(1 / 3 + 1 / 2)
+    obs = launches("a", "s", A3) + launches("b", "s", [96 * E2, 96 / E2])
+    obs += [Obs("c", "s", 0, (10.0,)), Obs("d", "s", 0, (10.0,))]  # one launch each: add no spread
+    d = decide(["a", "b", "c", "d"], ["s"], obs, RaceRule())
+    row_b = next(r for r in d.boards[0].rows if r.candidate == "b")
+    assert row_b.vs_front_high == pytest.approx(math.exp(math.log(0.96) + 3.7405 * se), rel=1e-4)
+    assert row_b.state == OPEN  # 1.0388 >= 1.02
+    plain = decide(["a", "b", "c", "d"], ["s"], obs, RaceRule(bonferroni=False))
+    assert next(r for r in plain.boards[0].rows if r.candidate == "b").state == TIED
 
 
 def test_budget_stops_and_truncates() -> None:
@@ -119,7 +140,7 @@ def test_budget_stops_and_truncates() -> None:
     d = decide(["a", "b", "c"], ["s"], obs, RaceRule(max_launches=3))
     assert d.done and d.why_done == "budget spent: 3 of 3 launches" and d.next == ()
     d4 = decide(["a", "b", "c"], ["s"], obs, RaceRule(max_launches=4))
-    assert not d4.done and d4.next == ("c",)
+    assert not d4.done and d4.next == ("b",)  # the challenger closest to the front, a
     # the warm-up is cut by the budget too
     assert decide(["a", "b", "c"], ["s"], [], RaceRule(max_launches=2)).next == ("a", "b")
 

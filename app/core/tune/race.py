@@ -13,9 +13,10 @@ The rule (docs/decisions.md, "Tune: the racing rule"):
   otherwise (also when no interval exists yet, e.g. one launch each);
 - c is eliminated once it is worse at every shape (an intersection-union test: no correction across shapes);
 - a shape is resolved when no candidate is open there; its leader is then the front (None before);
-- next: the fronts and open candidates of unresolved shapes, fewest launches first; equal counts go in candidate
-  order on even counts and reversed on odd ones (ABBA), so no candidate is always launched early in a round and a
-  drift cannot pick the winner;
+- next: at each unresolved shape the duel of the front with its strongest challenger (highest upper bound), the
+  one with fewer launches; these first, then the other fronts and open candidates, fewest launches first; equal
+  counts go in candidate order on even counts and reversed on odd ones (ABBA), so no candidate is always launched
+  early in a round and a drift cannot pick the winner;
 - done when every shape is resolved, or when `max_launches` launches are spent (counted over all candidates,
   failed launches included).
 A candidate whose first `max_failed_launches` launches all gave no trial value anywhere is eliminated for that;
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from app.core.errors import TunedashError
-from app.core.measure.stats import launch_arm_stats, launch_ratio_stats
+from app.core.measure.stats import LaunchSpread, launch_arm_stats, launch_ratio_stats, pooled_launch_spread
 
 # A Standing's state at its shape.
 LEADER = "leader"  # the front: highest mean among alive candidates (the leader once the shape is resolved)
@@ -69,6 +70,8 @@ class RaceRule:
     max_launches: int | None = None  # total budget (None: no cap)
     min_launches: int = 1  # each candidate gets this many before any elimination
     max_failed_launches: int = 2  # launches without any value before a candidate is dropped for failing
+    pool_spread: bool = True  # one launch-to-launch spread per shape, pooled over every candidate (else pairwise)
+    bonferroni: bool = True  # split 1 - confidence over the comparisons with the front at a shape (alive - 1)
 
     def __post_init__(self) -> None:
         problems = []
@@ -174,9 +177,13 @@ def _check(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs])
         raise RaceError("; ".join(problems))
 
 
-def _compare(front: list[list[float]], other: list[list[float]], rule: RaceRule) -> _Compare:
-    """`other` against the front at one shape: its state with the one-sided bound at the rule's confidence."""
-    st = launch_ratio_stats(front, other, confidence=2 * rule.confidence - 1)
+def _compare(front: list[list[float]], other: list[list[float]], rule: RaceRule,
+             spread: LaunchSpread | None, level: float) -> _Compare:
+    """`other` against the front at one shape: its state with the one-sided bound at `level`."""
+    if rule.pool_spread and spread is None:  # no candidate has two launches yet: no interval
+        st = launch_ratio_stats(front, other)
+        return _Compare(OPEN, st.ratio, None)
+    st = launch_ratio_stats(front, other, confidence=2 * level - 1, spread=spread)
     if st.ratio is None:
         return _Compare(OPEN, None, None)
     if st.ci95 is None:
@@ -196,6 +203,26 @@ def _order_key(index: dict[str, int], launches: dict[str, int]) -> Callable[[str
         n = launches[c]
         return (n, index[c] if n % 2 == 0 else -index[c])
     return key
+
+
+def _duels(boards: list[ShapeBoard], alive: list[str], need: set[str], launches: dict[str, int],
+           key: Callable[[str], tuple[int, int]]) -> list[str]:
+    """What to launch: at each unresolved shape the duel of its front with its strongest challenger (the open
+    candidate with the highest upper bound; without intervals the closest mean), the one of the two with fewer
+    launches (the challenger on a tie); these picks fewest launches first, then the rest of `need` the same way.
+    A duel alternates its two candidates (drift hits both alike) and spends launches where the decision is."""
+    picks: list[str] = []
+    for b in boards:
+        if b.leader is not None or b.front is None or not b.open:
+            continue
+        rows = {r.candidate: r for r in b.rows}
+        challenger = max(b.open, key=lambda c: (rows[c].vs_front_high is None, rows[c].vs_front_high or 0.0,
+                                                rows[c].vs_front or 0.0, -launches[c], -b.open.index(c)))
+        pick = b.front if launches[b.front] < launches[challenger] else challenger
+        if pick in alive and pick not in picks:
+            picks.append(pick)
+    picks.sort(key=key)
+    return picks + sorted((need & set(alive)) - set(picks), key=key)
 
 
 def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs], rule: RaceRule) -> Decision:
@@ -230,12 +257,17 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
 
     fronts: dict[str, str | None] = {}
     compares: dict[str, dict[str, _Compare]] = {}
+    spreads: dict[str, LaunchSpread | None] = {}
     for shape in shapes:
+        spreads[shape] = pooled_launch_spread([data(shape, c) for c in candidates]) if rule.pool_spread else None
         means = {c: launch_arm_stats(data(shape, c)).mean for c in alive}
         with_mean = [c for c in alive if means[c] is not None]
         front = max(with_mean, key=lambda c: (means[c], -index[c])) if with_mean else None
         fronts[shape] = front
         row: dict[str, _Compare] = {}
+        level = rule.confidence
+        if rule.bonferroni and len(alive) > 2:
+            level = 1 - (1 - rule.confidence) / (len(alive) - 1)
         for c in alive:
             if c == front:
                 continue
@@ -244,7 +276,7 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
             elif front is None:
                 row[c] = _Compare(OPEN, None, None)
             else:
-                row[c] = _compare(data(shape, front), data(shape, c), rule)
+                row[c] = _compare(data(shape, front), data(shape, c), rule, spreads[shape], level)
         compares[shape] = row
 
     if not warmup:
@@ -295,7 +327,7 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
         boards.append(ShapeBoard(shape, tuple(standings), front if resolved else None, tied, front, open_))
 
     key = _order_key(index, launches)
-    nxt = sorted(warmup, key=key) if warmup else sorted(need & set(alive), key=key)
+    nxt = sorted(warmup, key=key) if warmup else _duels(boards, alive, need, launches, key)
     done, why = False, ""
     if not alive:
         done, why = True, "no candidate left: every one was eliminated"
