@@ -18,6 +18,7 @@ from typing import Any
 
 from app.cli.common import (
     EXIT_OK,
+    EXIT_START_FAILED,
     CliError,
     drive,
     exit_code,
@@ -196,6 +197,11 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
     finally:
         await lifecycle.close()
     _report(args, spec, runner)
+    if code == EXIT_OK and runner.state.launches and not any(ln.trials for ln in runner.counted()):
+        print(f"tunedash: no launch of {profile.name} came up with a measurement "
+              f"({len(runner.counted())} launches); see the server's log (`tunedash status {profile.name}`)",
+              file=sys.stderr)
+        code = EXIT_START_FAILED
     return code
 
 

@@ -126,3 +126,20 @@ def test_dry_run_lists_candidates_and_drops_what_the_server_rejects(make_profile
 def test_a_profile_without_a_tune_table_is_told_what_to_add(make_profile: MakeProfile, tmp_path: Path) -> None:
     done = _run(tmp_path / "data", "tune", str(make_profile()), "--dry-run")
     assert done.returncode == 2 and "has no [tune] table" in done.stderr and "[tune.flags]" in done.stderr
+
+
+def test_candidates_that_never_come_up_leave_the_race_and_the_exit_says_so(make_profile: MakeProfile,
+                                                                           tmp_path: Path) -> None:
+    profile = make_profile(startup_s=0.2, fault="crash_loading", extra=TUNE)
+    done = _run(tmp_path / "data", "tune", str(profile), "--json")
+    assert done.returncode == 4, done.stderr  # the server failed to start, as `launch` says it
+    assert "no launch of t came up with a measurement (4 launches)" in done.stderr
+    result = json.loads(done.stdout)
+    assert result["launches"]["spent"] == result["launches"]["failed"] == 4
+    assert result["why_done"] == "no candidate left: every one was eliminated"
+    assert all(not c["alive"] and c["why_out"] == "2 launches gave no trial value at any shape"
+               for c in result["candidates"])
+    assert "no winner" in result["ended_on"]
+    with HistoryStore(tmp_path / "data" / "history.sqlite3") as store:
+        run = store.run(store.runs()[0].id)
+    assert run is not None and [ln.outcome for ln in run.launches] == ["crashed"] * 4 and not run.trials

@@ -90,6 +90,8 @@ def _interval(objective: str, ci: tuple[float, float] | None) -> list[float] | N
 
 
 def board_verdict(board: ShapeBoard, tie_pct: float) -> str:
+    if board.front is None:
+        return "no value: no candidate measured this shape"
     if board.leader is None:
         front = f"; ahead so far: {board.front}" if board.front else ""
         return f"not separated ({len(board.open)} still open){front}"

@@ -313,7 +313,7 @@ class TuneRunner:
             board = decision.boards[spec.own_shape()] if decision.boards else None
             best = board.leader or board.front if board is not None else None
             if best is None:
-                self.ended_on = "no winner: the server keeps what it ran last"
+                self.ended_on = "what it ran last (no candidate measured a value: no winner)"
                 return
             target = self.names().index(best)
             shape = spec.shapes[spec.own_shape()].label
