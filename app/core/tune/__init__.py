@@ -1,5 +1,5 @@
 """Tuning: finding the best config per request shape by racing candidates with launches as the unit
-(docs/architecture.md#tuning).
+(docs/architecture.md#tuning-the-runner-the-store-resume).
 
 `race` is the decision rule (pure: observations in, a Decision out; no I/O; its design and error rates are in
 docs/decisions.md, "Tune: the racing rule"). `space` turns a profile's [tune] table into candidates (exclusions
