@@ -61,9 +61,9 @@ class TuneScreen(Screen[None]):
     TuneScreen #out { padding: 0 1; color: $warning; height: auto; max-height: 8; }
     TuneScreen #summary { padding: 0 1; color: $success; height: auto; }
     TuneScreen ProgressBar { padding: 0 1; }
-    TuneScreen DataTable { height: 2fr; min-height: 6; }
+    TuneScreen DataTable { height: auto; max-height: 16; }
     TuneScreen RichLog { height: 1fr; min-height: 3; border: round $primary; }
-    TuneScreen #pareto { height: 2fr; min-height: 8; max-height: 16; }
+    TuneScreen #pareto { height: 1fr; min-height: 6; max-height: 16; }
     """
 
     def __init__(self, dashboard: Dashboard) -> None:
@@ -194,11 +194,11 @@ class TuneScreen(Screen[None]):
         total, energy = pareto_views(data)
         self.query_one("#pareto-total", ParetoPlot).show(total)
         self.query_one("#pareto-energy", ParetoPlot).show(energy)
-        if final:
-            lines = [*summary_lines(data), *pareto_lines(data)]
-            if data.get("ended_on"):
-                lines.append(f"the server runs {data['ended_on']}")
-            self.query_one("#summary", Static).update("\n".join(lines))
+        if final:  # what the server runs first: at 40 rows the rest may not fit (the plots show the fronts)
+            lines = [f"the server runs {data['ended_on']}"] if data.get("ended_on") else []
+            self.query_one("#summary", Static).update("\n".join([*lines, *summary_lines(data)]))
+            for line in pareto_lines(data):
+                self.say(line)
 
     def action_close(self) -> None:
         if self._run_task is not None and self.running:
