@@ -10,7 +10,8 @@ Two levels of noise, as on a real GPU server:
   measurement; set `launch_sigma = 0` in a TUNEDASH_SIM_SPEED_FILE to turn it off.
 The launch's seed: `launch_seed`, else $TUNEDASH_SIM_LAUNCH_SEED, else `seed` when one is given (a seeded
 model is fully deterministic), else fresh entropy, so two launches of one config differ like real ones.
-The nominal figures (mean_step_ms, mean_stream_tok_s) leave the launch factor out.
+The GPUs' own speed (gpu_factor: one pair behind a slower link, app/sim/placement.py) divides the step time too.
+The nominal figures (mean_step_ms, mean_stream_tok_s) leave the launch factor and gpu_factor out.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ class SpeedModel:
     """Per-step decode time and tokens accepted per step."""
 
     def __init__(self, cfg: SpeedConfig, params: dict[str, Any] | None = None, seed: int | None = None,
-                 launch_seed: int | None = None) -> None:
+                 launch_seed: int | None = None, gpu_factor: float = 1.0) -> None:
         self.cfg = cfg
         self.p = params if params is not None else load_params()
         self.rng = random.Random(seed)
         self.launch_seed = _launch_seed(launch_seed, seed)
         self.launch_factor = launch_factor(float(self.p.get("launch_sigma", 0.0)), self.launch_seed)
+        if not gpu_factor > 0:
+            raise ValueError(f"gpu_factor must be > 0 (got {gpu_factor})")
+        self.gpu_factor = gpu_factor  # the speed of the GPUs it runs on (app/sim/placement.py), 1 by default
 
     @property
     def draft_tokens(self) -> int:
@@ -107,8 +111,10 @@ class SpeedModel:
         return float(self.p.get("accept_decay", 1.0)) if self.cfg.spec_algorithm else 1.0
 
     def position_accept(self, i: int) -> float:
-        """The chance draft token i (1-based) is accepted given every one before it was."""
-        return self.accept_prob * self.accept_decay ** (i - 1)
+        """The chance draft token i (1-based) is accepted given every one before it was: accept_prob up to
+        position accept_decay_after, then accept_decay times less at each later position."""
+        after = int(self.p.get("accept_decay_after", 0))
+        return self.accept_prob * self.accept_decay ** max(i - after, 0)
 
     @property
     def accept_prob(self) -> float:
@@ -172,7 +178,7 @@ class SpeedModel:
 
     def sample_step_ms(self, batch: int, context: float = 0.0) -> float:
         """One step's time: the nominal mean, this launch's factor, the step's own noise."""
-        step = self.mean_step_ms(batch, context) / self.launch_factor
+        step = self.mean_step_ms(batch, context) / (self.launch_factor * self.gpu_factor)
         return max(0.1, step * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
 
     def sample_accept(self) -> int:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from app.core.tune.race import LEADER, OPEN, OUT, TIED, WORSE, Obs, RaceError, RaceRule, decide
+from app.core.tune.race import LEADER, NO_DATA, OPEN, OUT, TIED, WORSE, Obs, RaceError, RaceRule, decide
 
 T95_DF3 = 2.353363  # one-sided 95% Student t, 3 df (printed tables)
 T95_DF4 = 2.131847
@@ -167,3 +167,22 @@ def test_bad_input_names_what_is_wrong() -> None:
         decide(["a"], ["s"], [Obs("a", "s", 0, (float("nan"),))], RaceRule())
     with pytest.raises(RaceError, match="given twice"):
         decide(["a", "a"], ["s"], [], RaceRule())
+
+
+def test_a_candidate_failing_at_one_shape_stops_blocking_it() -> None:
+    # b gives values at s1 only: after 2 launches without a value at s2 it is "no data" there, not open
+    obs = launches("a", "s1", A3) + launches("a", "s2", A3)
+    obs += [*launches("b", "s1", B2), Obs("b", "s2", 0, ()), Obs("b", "s2", 1, ())]
+    d = decide(["a", "b"], ["s1", "s2"], obs, RaceRule())
+    s2 = d.boards[1]
+    assert next(r for r in s2.rows if r.candidate == "b").state == NO_DATA
+    assert s2.leader == "a" and s2.open == ()
+    assert "b" not in d.eliminated  # not worse at s2: it has no value there
+    assert d.done and d.why_done == "every shape separated"
+
+
+def test_nothing_to_launch_when_no_candidate_ever_gave_a_value_at_a_shape() -> None:
+    obs = launches("a", "s1", A3) + [Obs("a", "s2", i, ()) for i in range(3)]
+    d = decide(["a"], ["s1", "s2"], obs, RaceRule())
+    assert d.done and d.why_done == "no launch can change the decision: no value at s2 from any candidate"
+    assert d.next == () and d.boards[0].leader == "a" and d.boards[1].leader is None

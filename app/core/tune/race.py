@@ -3,12 +3,15 @@
 Pure: observations in, a Decision out; no I/O, no clock, deterministic. The unit is the launch: one launch of a
 candidate measures every request shape once (a shape needs no relaunch), and its value at a shape is the mean of
 that launch's trials there (app.core.measure.stats.launch_arm_stats). Comparisons are the project's launch-level
-ratio (launch_ratio_stats: the pooled t interval on log launch means, floored by the trials' own spread).
+ratio (launch_ratio_stats: the t interval on log launch means, floored by the trials' own spread), with one
+launch-to-launch spread per shape pooled over every candidate (`pool_spread`; stats.pooled_launch_spread) and the
+error split over the k - 1 comparisons with the front (`bonferroni`).
 
 The rule (docs/decisions.md, "Tune: the racing rule"):
 - warm-up: every candidate gets `min_launches` launches before anything is decided;
 - at each shape the *front* is the alive candidate with the highest mean; every other alive candidate c is
-  compared with it: `high` = the one-sided upper bound of c/front at `confidence`. c is *worse* there when
+  compared with it: `high` = the one-sided upper bound of c/front at `confidence` (1 - (1 - confidence) / (k - 1)
+  with `bonferroni`, k the alive candidates). c is *worse* there when
   high < 1, *tied* when 1 <= high < 1 + tie_pct/100 (it cannot beat the front by more than tie_pct), *open*
   otherwise (also when no interval exists yet, e.g. one launch each);
 - c is eliminated once it is worse at every shape (an intersection-union test: no correction across shapes);
