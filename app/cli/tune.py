@@ -142,7 +142,7 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
     notes: list[str] = []
     if args.resume is not None:
         try:
-            resume = store.run(args.resume)
+            resume = await store.in_thread(store.run, args.resume)  # off the loop, as every store call here
         except StoreError as exc:
             raise CliError(str(exc)) from None
         if resume is None:
