@@ -143,3 +143,16 @@ def test_candidates_that_never_come_up_leave_the_race_and_the_exit_says_so(make_
     with HistoryStore(tmp_path / "data" / "history.sqlite3") as store:
         run = store.run(store.runs()[0].id)
     assert run is not None and [ln.outcome for ln in run.launches] == ["crashed"] * 4 and not run.trials
+
+
+def test_restore_ends_on_the_starting_config_and_says_so(make_profile: MakeProfile, tmp_path: Path) -> None:
+    profile = make_profile(startup_s=0.3, extra=TUNE)
+    done = _run(tmp_path / "data", "tune", str(profile), "--restore", "--launches", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    first, second = result["candidates"]
+    assert (first["label"], first["source"], first["launches"]) == ("steps=1", "running = space", 1)
+    assert (second["label"], second["launches"]) == ("steps=3", 1)  # the last launch ran steps 3
+    assert result["ended_on"] == "steps=1 (the starting config (--restore))"
+    status = json.loads(_run(tmp_path / "data", "status", str(profile), "--json").stdout)
+    assert status["state"] == "READY" and status["flags"]["speculative-num-steps"] == 1
