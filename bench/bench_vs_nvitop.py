@@ -134,10 +134,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per pairing (medians printed)")
     parser.add_argument("--other", default="nvitop", help="the other tool at its default pace")
     parser.add_argument("--other-fast", default="nvitop --interval 0.25", help="the other tool at 4 Hz")
+    parser.add_argument("--pairings", default="defaults,fast", help="which pairings, in order: defaults and/or fast")
     args = parser.parse_args()
+    chosen = [name.strip() for name in args.pairings.split(",") if name.strip()]
+    if not chosen or set(chosen) - {"defaults", "fast"}:
+        parser.error(f"--pairings: expected defaults and/or fast, comma-separated, got {args.pairings!r}")
     tunedash = [sys.executable, "-m", "app", "ui", args.profile, "--readonly"]
-    pairings = [("defaults (nvitop 2 s, tunedash 4 Hz)", shlex.split(args.other)),
-                ("both at 4 Hz", shlex.split(args.other_fast))]
+    known = {"defaults": ("defaults (nvitop 2 s, tunedash 4 Hz)", shlex.split(args.other)),
+             "fast": ("both at 4 Hz", shlex.split(args.other_fast))}
+    pairings = [known[name] for name in chosen]
     results: list[dict[str, object]] = []
     for label, other in pairings:
         ours: list[float] = []
