@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # device_wave4.sh: issue 23 on a lent GPU host in one device call (outputs under $OUT); parts in the order given
-# (default: warm release nvitop):
+# (default: warm nvitop release):
 #
 #   warm      item 3: profiles/gpu-hog-warm.toml (scripts/gpu_hog.py as a weight cache daemon holding 4 GiB and its
 #             engine holding $ENGINE_MIB) through the CLI: launch -> both roles on NVML's process list (and named
 #             by `tunedash free`) -> kill the engine: WARM with the daemon's MiB -> relaunch keeps the daemon ->
 #             kill --all: FREE at 0 MiB; NVML's own view after each step (scripts/nvml_holders.py)
 #   release   item 1: bench/bench_release.py --rounds 5 --mib 16384 --sources nvml,smi
-#   nvitop    item 2: bench/bench_vs_nvitop.py beside nvitop, 60 s each, $NVITOP_PAIRINGS (default: both pairings)
+#   nvitop    item 2: bench/bench_vs_nvitop.py beside nvitop, 60 s each, $NVITOP_PAIRINGS (default: both pairings),
+#             the dashboard with each of $GPU_SOURCES (default auto,smi: NVML in-process, and nvidia-smi as before)
 #
 # Dry run without a GPU: DRY_RUN=sim scripts/device_wave4.sh warm (the simulated host, gpu_hog --sim).
 # .whl/ holds the wheels the machine lacks (textual, asyncssh, nvitop, ...); see the device README.
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
 ENGINE_MIB=${ENGINE_MIB:-16384}
 NVITOP_PAIRINGS=${NVITOP_PAIRINGS:-defaults,fast}
+GPU_SOURCES=${GPU_SOURCES:-auto,smi}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ -z "${DRY_RUN:-}" ]; then
@@ -69,11 +71,12 @@ part_nvitop() {
   td launch profiles/gpu-hog.toml --set mib=16384 --wait --timeout 120
   $PY -m nvitop --version 2>&1 | head -1
   $PY bench/bench_vs_nvitop.py --profile profiles/gpu-hog.toml --seconds 60 --pairings "$NVITOP_PAIRINGS" \
+      --gpu-sources "$GPU_SOURCES" \
       --other "$PY -m nvitop" --other-fast "$PY -m nvitop --interval 0.25"
   td kill profiles/gpu-hog.toml --confirm-free
 }
 
-parts=${*:-warm release nvitop}
+parts=${*:-warm nvitop release}
 for part in $parts; do
   case "$part" in
     warm|release|nvitop) SECONDS=0; "part_$part" 2>&1 | tee "$OUT/$part.log"; echo "== $part took ${SECONDS} s" ;;

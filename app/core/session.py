@@ -61,7 +61,8 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
 from app.core.tasks import TaskOwner
-from app.core.telemetry.smi import Telemetry, telemetry_for
+from app.core.telemetry.smi import Telemetry
+from app.core.telemetry.steady import dashboard_telemetry
 
 log = logging.getLogger("tunedash")
 
@@ -79,6 +80,7 @@ class Session:
         *,
         readonly: bool = False,
         telemetry: Telemetry | None = None,
+        gpu_source: str = "auto",
         sample_period_ms: int = 250,
         probe: bool = False,
         autolaunch: bool = False,
@@ -100,7 +102,8 @@ class Session:
         self._driver_settled = asyncio.Event()
         self._driver_settling = False
         self.driven_by: str | None = None  # who drives, when another session does ("alice@gpubox")
-        self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
+        # this machine's driver: NVML in-process; elsewhere nvidia-smi (app.core.telemetry.steady)
+        self.telemetry: Telemetry = telemetry or dashboard_telemetry(host, profile.gpus, gpu_source)
         self.sample_period_ms = sample_period_ms
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)

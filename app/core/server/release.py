@@ -34,6 +34,7 @@ from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
 from app.core.telemetry.nvml import RELEASE_PERIOD_MS, NvmlTelemetry, release_sampler
 from app.core.telemetry.smi import SmiTelemetry, Telemetry
+from app.core.telemetry.steady import NvmlFirstTelemetry
 
 RELEASE_POLL_MS = 50  # a telemetry source of another kind (a test's fake) is read this often
 SMI_RELEASE_PERIOD_MS = 10  # nvidia-smi's -lms stream while a release is pending
@@ -65,6 +66,8 @@ class ReleaseSampler:
 
 def release_sampler_for(host: Host, gpus: Sequence[int], telemetry: Telemetry) -> ReleaseSampler:
     """The release watch's sampler for `host` (the module docstring says which and why)."""
+    if isinstance(telemetry, NvmlFirstTelemetry):  # the dashboard's sampler on this machine: as its nvidia-smi one
+        telemetry = telemetry.smi
     if isinstance(telemetry, NvmlTelemetry):
         return ReleaseSampler(telemetry.for_release(), RELEASE_PERIOD_MS, "nvml")
     if not isinstance(telemetry, SmiTelemetry):
