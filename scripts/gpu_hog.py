@@ -20,8 +20,9 @@ allocator), then tells the parent through a pipe. When every rank holds its memo
             it when its parent dies (PR_SET_PDEATHSIG), so killing the parent alone frees the GPUs.
 --no-cuda   hold host memory instead (no torch import): for tests on machines without a GPU.
 --sim       hold the memory on the simulated GPUs of $TUNEDASH_SIM_STATE (app.sim.gpu_state, as the simulated
-            server's ranks do), so that the simulated host's nvidia-smi and NVML show it per pid: the whole memory
-            loop (WARM included) on a machine without a GPU. CUDA_VISIBLE_DEVICES maps --gpus as on a real host.
+            server's ranks do: a CUDA context of app.sim.rank_phases.CONTEXT_MIB, then --mib), so that the
+            simulated host's nvidia-smi and NVML show it per pid: the whole memory loop (WARM included) on a
+            machine without a GPU. CUDA_VISIBLE_DEVICES maps --gpus as on a real host.
 --role      the part it plays in the weight cache layout (profiles/gpu-hog-warm.toml): "server" (default), "daemon"
             (holds the weights: started first, kept across engine relaunches) or "engine" (the daemon's client). The
             role is in every line it prints, and the ready line ends "(ready, ROLE)" for daemon and engine.
@@ -72,8 +73,11 @@ def _hold_sim(gpu: int, mib: int) -> object:
         raise RuntimeError("--sim needs TUNEDASH_SIM_STATE (the simulated host sets it)")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from app.sim import gpu_state
+    from app.sim.rank_phases import CONTEXT_MIB
 
-    return gpu_state.allocate(state, _sim_gpu(gpu), mib, SIM_PROCESS_NAME, "gpu_hog")
+    # the CUDA context first, as torch's first allocation makes one (518 MiB a process on the H200: docs/gpus.md)
+    context = gpu_state.allocate(state, _sim_gpu(gpu), CONTEXT_MIB, SIM_PROCESS_NAME, "context")
+    return context, gpu_state.allocate(state, _sim_gpu(gpu), mib, SIM_PROCESS_NAME, "gpu_hog")
 
 
 def _write_ready_file(path: str, mib: int) -> None:

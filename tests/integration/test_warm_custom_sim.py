@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app.sim.rank_phases import CONTEXT_MIB
 from tests.fakes import live_group_members
 from tests.helpers import REPO, kill_launched
 from tests.integration.conftest import tunedash
@@ -70,20 +71,20 @@ def test_daemon_and_engine_then_warm_then_free(hog_profile: Path, sim_state: Pat
     assert daemon["argv"][2:5] == ["--sim", "--role", "daemon"] and daemon["tag"] != engine["tag"]
     assert engine["argv"][-4:] == ["--mib", "3000", "--daemon-file", str(tmp_path / "daemon.ready")]
     daemon_rank, engine_rank = ranks(daemon), ranks(engine)
-    assert holders(hog_profile) == {daemon_rank[0]: 5000, engine_rank[0]: 3000}  # both roles, by pid
+    assert holders(hog_profile) == {daemon_rank[0]: 5000 + CONTEXT_MIB, engine_rank[0]: 3000 + CONTEXT_MIB}
 
     killed = tunedash("kill", str(hog_profile), "--confirm-free", "--timeout", "20")
     assert killed.returncode == 0, killed.stdout + killed.stderr
-    assert f"WARM: engine gone; 4.9 GiB per GPU held by the weight cache, pids {daemon_rank[0]}" in killed.stdout
+    assert f"WARM: engine gone; 5.4 GiB per GPU held by the weight cache, pids {daemon_rank[0]}" in killed.stdout
     assert "STUCK" not in killed.stdout
-    assert holders(hog_profile) == {daemon_rank[0]: 5000}
+    assert holders(hog_profile) == {daemon_rank[0]: 5000 + CONTEXT_MIB}
     assert live_group_members(engine["pgid"]) == []
 
     kept = tunedash("relaunch", str(hog_profile), "--set", "mib=2000")  # the engine's flags keep the daemon
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "restarting the weight cache daemon" not in kept.stdout
     assert records(sim_state)["hog+weight-cache"]["pid"] == daemon["pid"]
-    assert sorted(holders(hog_profile).values()) == [2000, 5000]
+    assert sorted(holders(hog_profile).values()) == [2000 + CONTEXT_MIB, 5000 + CONTEXT_MIB]
 
     freed = tunedash("kill", str(hog_profile), "--all", "--timeout", "20")
     assert freed.returncode == 0, freed.stdout + freed.stderr
