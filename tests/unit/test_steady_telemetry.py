@@ -92,3 +92,19 @@ def test_the_release_watch_reads_as_it_did(sim_host: LocalHost) -> None:
     plain = release_sampler_for(sim_host, [0, 1], SmiTelemetry(sim_host, [0, 1]))
     assert (sampler.source, sampler.period_ms) == (plain.source, plain.period_ms) == ("nvml", 5)
     assert sampler.fallback is not None and sampler.fallback.source == "smi"
+
+
+def test_ui_gpu_source_reaches_the_session(sim_host: LocalHost, tmp_path: Path) -> None:
+    from app.cli.main import build_parser
+    from app.tui.app import create_app
+
+    assert build_parser().parse_args(["ui", "p.toml"]).gpu_source == "auto"
+    args = build_parser().parse_args(["ui", "p.toml", "--gpu-source", "nvml"])
+    profile = load_profile(tmp_path / "p.toml")
+    app = create_app(profile, readonly=True, host=sim_host, gpu_source=args.gpu_source, keymap_file=None,
+                     theme_file=None)
+    assert isinstance(app.session.telemetry, NvmlFirstTelemetry)
+    assert isinstance(create_app(profile, readonly=True, host=sim_host, keymap_file=None,
+                                 theme_file=None).session.telemetry, SmiTelemetry)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["ui", "p.toml", "--gpu-source", "dcgm"])
