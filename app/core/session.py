@@ -44,6 +44,7 @@ from app.core.hosts.window import TAIL_BYTES
 from app.core.measure.http_probes import server_info
 from app.core.measure.metrics import MetricsPoller, MetricsRate
 from app.core.measure.probe import ProbeStatus, probe_loop
+from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import describe_change, flag_diff, launch_argv, launch_env
 from app.core.profiles.types import Profile
@@ -58,6 +59,7 @@ from app.core.server.events import (
     StateChanged,
 )
 from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.progress import LaunchProgress
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
 from app.core.tasks import TaskOwner
@@ -108,6 +110,7 @@ class Session:
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
         self.lifecycle.before_act = self._before_act
+        self.lifecycle.phases.store_factory = HistoryStore  # each run's phase times: the next one's ETA
         watch_adopted(self.lifecycle, self.note)  # no record of ours: a server started by hand runs this profile?
         self.snapshot: GpuSnapshot | None = None
         self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
@@ -148,6 +151,11 @@ class Session:
         copy: the lifecycle keeps writing its own (state, phase times) while a screen holds this one."""
         view = self.lifecycle.view()
         return view if view.record is None else replace(view, record=copy.deepcopy(view.record))
+
+    def launch_progress(self) -> LaunchProgress | None:
+        """The launch or relaunch under way: its phases, progress and ETA (app.core.server.progress); None when
+        none is. The Server panel draws it."""
+        return self.lifecycle.phases.progress()
 
     def note(self, text: str, level: EventLevel = "info") -> None:
         """A line in the event log (the session's own, and the advisor's findings and what was applied)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -45,6 +45,7 @@ from app.core.telemetry.pagecache import read_page_cache
 from app.tui import advisor, bench
 from app.tui.adopt_confirm import ask_adopted
 from app.tui.commands import untuned_flag_message
+from app.tui.progress_view import progress_view
 from app.tui.views import (
     NO_GPUS,
     connection_note,
@@ -323,6 +324,9 @@ class DashboardScreen(Screen[None]):
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:
         view = server_view(life, self.session.server_version, now_s, self._page_cache)
+        progress = progress_view(self.session.launch_progress())  # a launch or relaunch under way: bar and ETA
+        if progress is not None:
+            view = replace(view, progress=progress)
         self.query_one(ServerPanel).data = (view, now_s)
 
     def _push_header(self, now_wall: float | None = None) -> None:

@@ -52,11 +52,13 @@ from app.core.server.events import (
     LifecycleEvent,
     LifecycleView,
     Listeners,
+    RunStarted,
     ServerLogEvent,
     StateChanged,
 )
 from app.core.server.health import check_url
 from app.core.server.preflight import LaunchRefused, claim_launch, preflight, refuse_unspawnable
+from app.core.server.progress import PhaseTracker
 from app.core.server.release import (
     FreeProgress,
     FreeWatch,
@@ -67,7 +69,7 @@ from app.core.server.release import (
     wait_free,
 )
 from app.core.server.states import LIVE_STATES, STARTING_STATES, phase_durations, state_after, telling_fatal
-from app.core.server.warm import WeightCacheJob, client_argv, warm_refusal
+from app.core.server.warm import WeightCacheJob, client_argv, key_change, key_flags, warm_refusal
 from app.core.server.warm_state import WarmShare, WarmTracker
 from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
@@ -130,6 +132,7 @@ class ServerLifecycle:
         self.find_adopted: Callable[[], Awaitable[AdoptedServer | None]] | None = None
         self.adopted: AdoptedServer | None = None
         self._marks: dict[str, float] = {}
+        self._in_relaunch = False  # launch() inside relaunch(): the run (RunStarted) began with the kill
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         # A listener or a background task that fails is said in the event log (and the `tunedash` logger).
         self._listeners = Listeners(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
@@ -138,6 +141,9 @@ class ServerLifecycle:
         self._tasks = TaskOwner(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
         self._record_writes: set[asyncio.Task[Any]] = set()  # close() lets these finish (RECORD_WRITE_WAIT_S)
         self._unsubscribe_connection = host.subscribe_connection(self._on_connection)
+        # each run's progress and ETA, and its phase times into the history once its store_factory is set
+        self.phases = PhaseTracker(None, self._say, self.marks)
+        self._listeners.subscribe(self.phases.on_event)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], *, writes_record: bool = False) -> None:
         task = self._tasks.spawn(coro)
@@ -175,6 +181,29 @@ class ServerLifecycle:
             self._marks.setdefault(state.value, time.monotonic())
         self._emit(StateChanged(state, previous, self.state_since))
         self._state_event.set()
+
+    def marks(self) -> dict[str, float]:
+        """When each state of the run under way began (time.monotonic(), by state value; "BEGIN": the launch or
+        relaunch call, "DAEMON"/"DAEMON_READY": the weight cache daemon's start), a copy: app.core.server.progress."""
+        return dict(self._marks)
+
+    async def cache_state(self, profile: Profile) -> str:
+        """The weight cache's state for a launch of `profile` now (RunStarted): cold, fill or warm."""
+        cache = self.weight_cache(profile)
+        if cache is None:
+            return "cold"
+        try:
+            record = await cache.current()
+        except HostError:
+            return "fill"
+        if record is None or key_change(profile.backend, record.flags, key_flags(profile)):
+            return "fill"
+        return "warm"
+
+    async def _begin_run(self, kind: str, profile: Profile) -> None:
+        began = time.monotonic()
+        self._marks["BEGIN"] = began
+        self._emit(RunStarted(kind, profile, await self.cache_state(profile), began))
 
     @property
     def phase_times(self) -> dict[str, float]:
@@ -330,10 +359,23 @@ class ServerLifecycle:
 
     async def launch(self) -> jobs.JobRecord:
         """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
+        try:
+            return await self._launch()
+        except BaseException:
+            if not self._in_relaunch:
+                self.phases.abort()
+            raise
+
+    async def _launch(self) -> jobs.JobRecord:
+        if not self._in_relaunch:
+            for key in ("BEGIN", "DAEMON", "DAEMON_READY", "KILLING", "RELEASING", "FREE", "WARM"):
+                self._marks.pop(key, None)
         baseline = await self.preflight()
         if self.before_act is not None:  # the driver lock, right before the launch
             await self.before_act("launch")
         profile = self.profile
+        if not self._in_relaunch:
+            await self._begin_run("launch", profile)
         cache = self.weight_cache()
         if cache is not None:  # the daemon first: kept when its cache key matches, else (re)started; then ready
             if await cache.stop_if_stale(profile):  # its memory must be back before the new daemon loads
@@ -341,7 +383,9 @@ class ServerLifecycle:
                 if not freed.confirmed:
                     raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
                                         + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
-            await cache.ensure(profile, profile.ready_timeout_s)
+            await cache.ensure(profile, profile.ready_timeout_s, on_start=self._mark_daemon)
+            if "DAEMON" in self._marks:
+                self._marks["DAEMON_READY"] = time.monotonic()
             profile = self.profile  # the daemon took a while: discovery may have rendered the toggles meanwhile
         argv = client_argv(profile) if cache is not None else launch_argv(profile)
         log_path = jobs.log_path_for(self.host, profile)
@@ -386,6 +430,9 @@ class ServerLifecycle:
         self._emit(Launched(record, profile))
         self._start_watch(record)
         return record
+
+    def _mark_daemon(self) -> None:
+        self._marks["DAEMON"] = time.monotonic()
 
     def _reset_run(self) -> None:
         self._attached_times = None
@@ -800,7 +847,15 @@ class ServerLifecycle:
         await refuse_unspawnable(self.host, profile)  # so does one the host could not start (E2BIG, no python)
         if change:
             self._say(f"relaunch: {change}")
+        try:
+            return await self._relaunch(profile, ready_timeout_s)
+        except BaseException:
+            self.phases.abort()
+            raise
+
+    async def _relaunch(self, profile: Profile, ready_timeout_s: float | None) -> ServerState:
         self._marks.clear()
+        await self._begin_run("relaunch", profile)
         verdict = await self.kill(confirm_free=True)
         if verdict is not None and not verdict.confirmed and self.state != ServerState.WARM:
             raise LaunchRefused(
@@ -810,8 +865,12 @@ class ServerLifecycle:
                 verdict.holders,
             )
         self.profile = profile
-        kept = {k: v for k, v in self._marks.items() if k in ("KILLING", "RELEASING", "FREE", "WARM")}
-        await self.launch()
+        kept = {k: v for k, v in self._marks.items() if k in ("BEGIN", "KILLING", "RELEASING", "FREE", "WARM")}
+        self._in_relaunch = True
+        try:
+            await self.launch()
+        finally:
+            self._in_relaunch = False
         self._marks.update(kept)
         return await self.wait_ready(ready_timeout_s)
 
@@ -822,6 +881,7 @@ class ServerLifecycle:
         `tunedash launch --wait` ends right after READY, and without it the record never said the server was
         ready (the fleet, `status`)."""
         self._unsubscribe_connection()
+        await self.phases.close()
         if self._record_writes:
             await asyncio.wait(set(self._record_writes), timeout=RECORD_WRITE_WAIT_S)
         await self._tasks.close()  # errors of the tasks were logged as they ended

@@ -198,14 +198,18 @@ class WeightCacheJob:
             await self.stop(record)
         return changed
 
-    async def ensure(self, profile: Profile, timeout_s: float) -> jobs.JobRecord:
-        """A ready daemon for `profile`: the running one (its key matches: see stop_if_stale), else started."""
+    async def ensure(self, profile: Profile, timeout_s: float,
+                     on_start: Callable[[], None] | None = None) -> jobs.JobRecord:
+        """A ready daemon for `profile`: the running one (its key matches: see stop_if_stale), else started
+        (`on_start` is called right before: the run's "daemon" phase begins, app.core.server.progress)."""
         self.profile = profile
         record = await self.current()
         if record is not None and not key_change(profile.backend, record.flags, key_flags(profile)):
             return record
         if record is not None:
             await self.stop(record)
+        if on_start is not None:
+            on_start()
         return await self.start(timeout_s)
 
     async def start(self, timeout_s: float) -> jobs.JobRecord:
