@@ -62,11 +62,16 @@ from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.progress import LaunchProgress
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
+from app.core.server.warm import warm_refusal
 from app.core.tasks import TaskOwner
 from app.core.telemetry.smi import Telemetry
 from app.core.telemetry.steady import dashboard_telemetry
 
 log = logging.getLogger("tunedash")
+
+class WarmRefused(Exception):
+    """Warm mode cannot be switched on here; the message says why (the backend, its version, the flags)."""
+
 
 class ReadOnlyError(Exception):
     """A command that signals or launches was refused because the session is read-only."""
@@ -94,6 +99,7 @@ class Session:
         self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
+        self.pending_warm: bool | None = None  # warm mode for the next relaunch (`w`); None: as the profile says
         # no command may signal or launch: asked for, watching (a web tab), or another session drives
         self.readonly = readonly or watching
         self.watch_only = readonly  # asked for (--readonly): never takes the driver lock, not even by take_over_now
@@ -110,7 +116,8 @@ class Session:
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
         self.lifecycle.before_act = self._before_act
-        self.lifecycle.phases.store_factory = HistoryStore  # each run's phase times: the next one's ETA
+        # each run's phase times, the next one's ETA; a read-only session writes nothing (it launches nothing either)
+        self.lifecycle.phases.store_factory = lambda: None if self.readonly else HistoryStore()
         watch_adopted(self.lifecycle, self.note)  # no record of ours: a server started by hand runs this profile?
         self.snapshot: GpuSnapshot | None = None
         self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
@@ -173,6 +180,8 @@ class Session:
         elif isinstance(event, Launched):  # whoever launched (a key, an A/B arm, a CLI): this is what runs now
             if self.pending_flags == self.profile.flags:  # nothing pending: the new running flags, as on attach
                 self.pending_flags = dict(event.profile.flags)
+            if self.pending_warm == event.profile.warm:  # applied
+                self.pending_warm = None
             self.profile = event.profile
             self._follow_server_log(event.record.log_path)
         elif isinstance(event, ServerLogEvent):
@@ -501,7 +510,34 @@ class Session:
 
     @property
     def pending_profile(self) -> Profile:
-        return replace(self.profile, flags=dict(self.pending_flags))
+        warm = self.profile.warm if self.pending_warm is None else self.pending_warm
+        return replace(self.profile, flags=dict(self.pending_flags), warm=warm)
+
+    def warm_refusal(self) -> str:
+        """Why warm mode cannot be switched on for this session's server (the backend or its version has no weight
+        cache, or the flags refuse it: app.core.server.warm.warm_refusal); "" when it can."""
+        return warm_refusal(replace(self.pending_profile, warm=True), self.server_flags)
+
+    def toggle_warm(self) -> str:
+        """Warm mode on or off for this session from the next relaunch (`w`, the palette's Warm mode); what it
+        will do, for the toast and the event log. Raises WarmRefused with the reason when it cannot be on."""
+        self._guard("warm mode")
+        on = not self.pending_profile.warm
+        if on:
+            why = self.warm_refusal()
+            if why:
+                raise WarmRefused(why)
+        self.pending_warm = None if on == self.profile.warm else on
+        if on:
+            text = ("warm mode on: the next relaunch (r) starts the weight cache daemon and runs the server as its "
+                    "client; relaunches after it map the weights from the cache")
+        else:
+            text = ("warm mode off: the next relaunch (r) stops the weight cache daemon and loads the weights from "
+                    "disk")
+        if self.pending_warm is None:
+            text = f"warm mode {'on' if on else 'off'}, as the running server (nothing pending)"
+        self.note(text)
+        return text
 
     def running_argv(self) -> list[str]:
         return launch_argv(self.profile)
@@ -523,6 +559,7 @@ class Session:
 
     def undo_pending(self) -> None:
         self.pending_flags = dict(self.profile.flags)
+        self.pending_warm = None
         self.note("pending changes undone")
 
     def describe_pending(self) -> str:
@@ -530,6 +567,8 @@ class Session:
         sched+sbo"), then other flags; flags a toggle derives (draft tokens from steps) are not repeated."""
         running, pending = self.profile.flags, self.pending_flags
         parts: list[str] = []
+        if self.pending_warm is not None and self.pending_warm != self.profile.warm:
+            parts.append(f"warm {'off -> on' if self.pending_warm else 'on -> off'}")
         covered: set[str] = set()
         for toggle in self.profile.toggles:
             before, after = toggle_value(running, toggle), toggle_value(pending, toggle)

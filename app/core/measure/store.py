@@ -266,9 +266,9 @@ def _phase_dict(text: object) -> dict[str, float]:
     data = _json_dict(text)
     out: dict[str, float] = {}
     for key, value in (data or {}).items():
-        number = _number(value)
+        number = _number(value)  # raises BadRow for anything but a finite number
         if number is None:
-            raise BadRow(f"phase {key!r}: {str(value)[:40]!r} is not a number")
+            raise BadRow(f"phase {str(key)[:40]!r}: no seconds")
         out[str(key)] = number
     return out
 

@@ -370,6 +370,8 @@ class ServerLifecycle:
         if not self._in_relaunch:
             for key in ("BEGIN", "DAEMON", "DAEMON_READY", "KILLING", "RELEASING", "FREE", "WARM"):
                 self._marks.pop(key, None)
+        if self.weight_cache() is None:  # warm mode switched off (`w`): this profile's daemon would hold the GPUs
+            await self._stop_daemon_of_cold(self.profile)
         baseline = await self.preflight()
         if self.before_act is not None:  # the driver lock, right before the launch
             await self.before_act("launch")
@@ -430,6 +432,24 @@ class ServerLifecycle:
         self._emit(Launched(record, profile))
         self._start_watch(record)
         return record
+
+    async def _stop_daemon_of_cold(self, profile: Profile) -> None:
+        """A launch without warm mode stops this profile's running weight cache daemon first (proven ours, as
+        every signal is), and waits for its memory, so the launch's GPU check does not find the GPUs held."""
+        if profile.backend not in ("sglang", "vllm"):
+            return
+        daemon = WeightCacheJob(self.host, profile, self._say)
+        record = await daemon.current()
+        if record is None:
+            return
+        if self.before_act is not None:  # the driver lock, right before the signal
+            await self.before_act("kill")
+        self._say("warm mode is off: stopping the weight cache daemon before the launch")
+        await daemon.stop(record)
+        freed = await self.confirm_free(self.record)
+        if not freed.confirmed:
+            raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
+                                + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
 
     def _mark_daemon(self) -> None:
         self._marks["DAEMON"] = time.monotonic()
