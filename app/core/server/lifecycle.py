@@ -31,6 +31,7 @@ from app.core.data import (
     DecodeStats,
     EventLevel,
     FatalEvent,
+    GpuSnapshot,
     Holder,
     LogEvent,
     LogLine,
@@ -57,7 +58,7 @@ from app.core.server.events import (
     StateChanged,
 )
 from app.core.server.health import check_url
-from app.core.server.preflight import LaunchRefused, claim_launch, preflight, refuse_unspawnable
+from app.core.server.preflight import LaunchRefused, claim_launch, fresh_sample, preflight, refuse_unspawnable
 from app.core.server.progress import PhaseTracker
 from app.core.server.release import (
     FreeProgress,
@@ -122,6 +123,7 @@ class ServerLifecycle:
         self._warm_tracker: WarmTracker | None = None
         self._warm_seen = asyncio.Event()
         self._watch_baseline: dict[str, int] = {}
+        self._release_sample: GpuSnapshot | None = None  # the release watch's last sample (preflight.fresh_sample)
         self.last_decode: DecodeStats | None = None
         self.health_ok: bool | None = None
         self.server_flags: ServerFlags | None = None  # what the installed server accepts, once discovered
@@ -308,11 +310,14 @@ class ServerLifecycle:
         """Refuse to launch onto a running job, a taken port or held GPUs, or what the host could not spawn
         (LaunchRefused); the idle baseline."""
         self.refuse_rejected(self.profile)
-        await refuse_unspawnable(self.host, self.profile)
+        if not self._in_relaunch:  # relaunch() asked the host right before its kill
+            await refuse_unspawnable(self.host, self.profile)
         cache = self.weight_cache()
+        recent = fresh_sample(self._release_sample, self.profile.gpus)
+        self._release_sample = None  # one launch's read at most
         try:
             return await preflight(self.host, self.profile, self.telemetry,
-                                   own_pids=await cache.pids() if cache else frozenset())
+                                   own_pids=await cache.pids() if cache else frozenset(), recent=recent)
         except LaunchRefused as exc:
             if cache is None or exc.reason != Reason.GPUS_HELD or not exc.holders:
                 raise
@@ -810,6 +815,8 @@ class ServerLifecycle:
     def _watch_free(self, record: jobs.JobRecord | None, daemon_pids: set[int] | None = None) -> FreeWatch:
         def progress(update: FreeProgress) -> None:
             self.last_free = update.verdict
+            if update.snapshot is not None:
+                self._release_sample = update.snapshot
             if self._warm_tracker is not None and self._warm_tracker.feed(update.verdict) is not None:
                 self._warm_seen.set()
             self._emit(update)
