@@ -199,7 +199,7 @@ def test_tracker_plans_records_and_says_what_was_saved() -> None:
         tracker = PhaseTracker(lambda: store, lambda text, level: said.append(text), lambda: dict(now_marks))
         now_marks.update(marks({"kill": 0.0}, begin=0.0))
         tracker.on_event(RunStarted("relaunch", profile, "warm", 0.0))
-        await asyncio.sleep(0.05)  # the plan loads in a thread
+        await tracker.wait_idle()  # the plan loads in a thread
         assert tracker.plan is not None and tracker.plan.total_s == 25.0
         progress = tracker.progress(now=0.1)
         assert progress is not None and progress.eta_s == pytest.approx(25.0 - 0.1)

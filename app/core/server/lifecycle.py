@@ -814,18 +814,19 @@ class ServerLifecycle:
 
     def _watch_free(self, record: jobs.JobRecord | None, daemon_pids: set[int] | None = None) -> FreeWatch:
         def progress(update: FreeProgress) -> None:
-            self.last_free = update.verdict
-            if update.snapshot is not None:
-                self._release_sample = update.snapshot
-            if self._warm_tracker is not None and self._warm_tracker.feed(update.verdict) is not None:
-                self._warm_seen.set()
             self._emit(update)
+
+        def sample(verdict: FreeVerdict, snapshot: GpuSnapshot) -> None:  # every sample, at the watch's pace:
+            self.last_free = verdict  # WARM's two consecutive ones; the launch's GPU read (fresh_sample)
+            self._release_sample = snapshot
+            if self._warm_tracker is not None and self._warm_tracker.feed(verdict) is not None:
+                self._warm_seen.set()
 
         baseline = record.baseline_mib if record else {}
         self._warm_tracker = self._new_warm_tracker(daemon_pids, baseline) if daemon_pids else None
         self._warm_seen = asyncio.Event()
         self._watch_baseline = baseline
-        return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress)
+        return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress, sample)
 
     def _new_warm_tracker(self, daemon_pids: set[int], baseline: Mapping[str, int]) -> WarmTracker:
         limit = FreeCheck(tuple(self.profile.gpus), {int(k): v for k, v in baseline.items()}).limit

@@ -341,11 +341,15 @@ class PhaseTracker:
         self.saved = saved_text(run.kind, total, run.cache, record.weights_s, disk, cold_total)
         self.say(self.saved, "info")
 
+    async def wait_idle(self, timeout_s: float = 5.0) -> None:
+        """Until the plan lookup or record write under way has finished (tests, the CLI's close)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let the plan lookup and the record write under way finish (`launch --wait` ends right after READY),
         then close the store this tracker opened."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self.wait_idle(timeout_s)
         for task in list(self._tasks):
             task.cancel()
         store, self._store, self._store_tried = self._store, None, False
