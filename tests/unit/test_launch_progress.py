@@ -141,11 +141,14 @@ def test_saved_line_says_what_the_cache_saved() -> None:
 
 
 def test_disk_reference_is_the_last_cold_load_else_the_daemons_start() -> None:
-    cold = record(cache="cold", weights_s=31.1, at=50.0, total_s=59.4)
+    cold = record(cache="cold", weights_s=31.1, at=50.0, total_s=59.4, config_key="cold-cfg")
+    other_flags = record(cache="cold", weights_s=31.0, at=40.0, total_s=55.2, config_key="cold-other")
     fill = record(cache="fill", weights_s=0.9, phase_times={"daemon": 32.2}, at=60.0)
-    assert disk_reference([fill, cold], "relaunch") == ((31.1, ""), 59.4)
-    assert disk_reference([fill], "relaunch") == ((32.2, "the daemon's start from disk "), None)
-    assert disk_reference([], "relaunch") == (None, None)
+    assert disk_reference([fill, cold, other_flags], "relaunch", "cold-cfg") == ((31.1, ""), 59.4)
+    # the cold total is of the same flags only; the disk figure of any flags that load the same weights
+    assert disk_reference([fill, other_flags], "relaunch", "cold-cfg") == ((31.0, ""), None)
+    assert disk_reference([fill], "relaunch", "cold-cfg") == ((32.2, "the daemon's start from disk "), None)
+    assert disk_reference([], "relaunch", "cold-cfg") == (None, None)
 
 
 def test_the_store_keeps_runs_and_skips_a_hand_edited_row(tmp_path: Path) -> None:
@@ -188,9 +191,11 @@ def weights_end(seconds: float) -> ServerLogEvent:
 
 def test_tracker_plans_records_and_says_what_was_saved() -> None:
     profile = make_test_profile()
-    cold = RunRecord(config_key(profile), weights_key(profile), "cold", profile.name, profile.host, "relaunch",
+    cold = RunRecord(config_key(replace(profile, warm=False)), weights_key(profile), "cold", profile.name,
+                     profile.host, "relaunch",
                      {"kill": 0.0, "start": 1.0}, {}, 59.4, 31.1, at=1.0)
-    earlier = replace(cold, cache="warm", total_s=25.0, weights_s=0.9, offsets=dict(WARM_OFFSETS), at=2.0)
+    earlier = replace(cold, config_key=config_key(profile), cache="warm", total_s=25.0, weights_s=0.9,
+                      offsets=dict(WARM_OFFSETS), at=2.0)
     store = FakeStore([cold, earlier])
     said: list[str] = []
     now_marks: dict[str, float] = {}
@@ -201,6 +206,7 @@ def test_tracker_plans_records_and_says_what_was_saved() -> None:
         tracker.on_event(RunStarted("relaunch", profile, "warm", 0.0))
         await tracker.wait_idle()  # the plan loads in a thread
         assert tracker.plan is not None and tracker.plan.total_s == 25.0
+        assert tracker.plan.basis.startswith("the last relaunch of this config (weights from the cache)")
         progress = tracker.progress(now=0.1)
         assert progress is not None and progress.eta_s == pytest.approx(25.0 - 0.1)
         tracker.on_event(weights_end(0.88))

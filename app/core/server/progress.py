@@ -29,7 +29,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TextIO
 
 from app.core.data import EventLevel, Phase, PhaseEvent, ServerState
@@ -233,10 +233,11 @@ def saved_text(kind: str, total_s: float, cache: str, weights_s: float | None, d
     return text
 
 
-def disk_reference(runs: Sequence[RunRecord], kind: str) -> tuple[tuple[float, str] | None, float | None]:
+def disk_reference(runs: Sequence[RunRecord], kind: str,
+                   cold_key: str) -> tuple[tuple[float, str] | None, float | None]:
     """From earlier runs of the same weights: the last disk load's seconds and what they are (the backend's
-    weights figure of a cold run, else the daemon's whole start of a fill run), and the last cold run's total of
-    the same kind."""
+    weights figure of a cold run, else the daemon's whole start of a fill run), and the total of the last cold run
+    of the same kind and flags (`cold_key`: config_key of the profile without warm)."""
     cold = sorted((r for r in runs if r.cache == "cold"), key=lambda r: r.at, reverse=True)
     disk: tuple[float, str] | None = None
     loaded = [r for r in cold if r.weights_s is not None]
@@ -247,8 +248,8 @@ def disk_reference(runs: Sequence[RunRecord], kind: str) -> tuple[tuple[float, s
                        key=lambda r: r.at, reverse=True)
         if fills:
             disk = (fills[0].phase_times["daemon"], "the daemon's start from disk ")
-    same_kind = [r for r in cold if r.kind == kind]
-    return disk, same_kind[0].total_s if same_kind else None
+    same = [r for r in cold if r.kind == kind and r.config_key == cold_key]
+    return disk, same[0].total_s if same else None
 
 
 class PhaseTracker:
@@ -337,7 +338,7 @@ class PhaseTracker:
         if store is not None:
             earlier = await asyncio.to_thread(store.weights_runs, record.weights_key)
             await asyncio.to_thread(store.add_phase_run, record)
-        disk, cold_total = disk_reference(earlier, run.kind)
+        disk, cold_total = disk_reference(earlier, run.kind, config_key(replace(profile, warm=False)))
         self.saved = saved_text(run.kind, total, run.cache, record.weights_s, disk, cold_total)
         self.say(self.saved, "info")
 
