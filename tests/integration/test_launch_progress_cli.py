@@ -5,12 +5,15 @@ what the weight cache saved."""
 from __future__ import annotations
 
 import os
+import pty
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import MakeProfile
+from tests.helpers import REPO, MakeProfile
 from tests.integration.conftest import tunedash
 
 pytestmark = pytest.mark.slow
@@ -63,3 +66,30 @@ def test_piped_progress_eta_and_what_the_cache_saved(make_profile: MakeProfile, 
         assert all(total > 0 for _, _, total in rows)
     finally:
         tunedash("kill", str(profile), "--all", "--timeout", "20")
+
+
+def test_on_a_terminal_the_progress_is_one_line_rewritten(make_profile: MakeProfile, sim_state: Path) -> None:
+    profile = make_profile(startup_s=1.5)
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "app", "launch", str(profile), "--wait", "--timeout", "60"],
+                                stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE, cwd=REPO)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=90) == 0, out.decode(errors="replace")
+    finally:
+        os.close(leader)
+        tunedash("kill", str(profile), "--timeout", "20")
+    text = out.decode(errors="replace")
+    rewritten = [part for part in text.split("\r") if part.startswith("launch ")]
+    assert len(rewritten) >= 2, text  # the same line drawn again in place, not a line per tick
+    assert "launch [####################] 100%  ready after" in text
+    assert not any(line.startswith("launch start") for line in text.split("\n")), text  # no piped-style lines
