@@ -97,6 +97,18 @@ class TuneSettings:
 
 
 @dataclass(frozen=True)
+class CustomDaemon:
+    """A custom profile's [warm] table: the daemon tunedash starts before `command` and keeps across relaunches
+    (app.core.server.warm), ready on a line of its log (`ready_regex`) and/or a file it writes (`ready_file`);
+    `client_args` go after the command when it runs as the daemon's client. Placeholders as in `command`."""
+
+    command: tuple[str, ...]
+    ready_regex: str = ""
+    ready_file: str = ""
+    client_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Profile:
     """A validated profile. Change it with dataclasses.replace or apply_overrides; never in place."""
 
@@ -119,6 +131,7 @@ class Profile:
     description: str = ""
     # keep the weights in the backend's weight cache daemon across relaunches (app.core.server.warm)
     warm: bool = False
+    daemon: CustomDaemon | None = None  # backend = "custom" with a [warm] table: its daemon (warm is then True)
     # backend = "custom" only (app.core.profiles.loading's docstring): the argv template and the ready signal.
     command: tuple[str, ...] = ()
     ready_regex: str = ""
