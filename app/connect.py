@@ -1,4 +1,4 @@
-"""Turns a profile's `host` into a Host: the simulated host, this machine, or an SSH host.
+"""Turns a profile's `host` into a Host: the simulated host, this machine, an SSH host, or a Slurm allocation.
 
 This is glue above the core: it may import app.sim (the core never does).
 
@@ -47,7 +47,36 @@ def host_for(profile: Profile) -> Host:
     if spec == "local":
         check_no_sim_version(profile)
         return LocalHost("local")
+    if spec.startswith("slurm:"):
+        return slurm_host_for(profile)
     return ssh_host_for(profile)
+
+
+def slurm_host_for(profile: Profile) -> Host:
+    """The SlurmHost of a `slurm:local` / `slurm://LOGIN` profile: its login host is this machine or the SshHost
+    of LOGIN. With sim_state (tests, demos on the one-node Slurm of scripts/slurm-local) every step gets the
+    simulated host's environment and the records live in `<sim_state>/host`, as for an SSH host with sim_state."""
+    from app.core.hosts.slurm import SlurmHost
+    from app.core.hosts.slurm_request import SlurmRequest
+
+    request = profile.slurm or SlurmRequest()
+    env: dict[str, str] = {}
+    state_dir = None
+    if profile.sim_state is not None:
+        env = simulated_host_environment(profile)
+        from app.sim.host_env import STATE_ENV
+
+        state_dir = str(Path(env[STATE_ENV]) / "host")
+    else:
+        check_no_sim_version(profile)
+    login: Host
+    if request.login == "local":
+        login = LocalHost("local", state_dir=state_dir)
+    else:
+        from app.core.hosts.ssh import SshHost
+
+        login = SshHost(request.login, state_dir=state_dir)
+    return SlurmHost(profile.host, request, login=login, extra_env=env)
 
 
 def fleet_hosts(profiles: Sequence[Profile]) -> list[tuple[Profile, Host | ProfileError]]:
@@ -61,6 +90,8 @@ def fleet_hosts(profiles: Sequence[Profile]) -> list[tuple[Profile, Host | Profi
         if key not in shared:
             try:
                 shared[key] = host_for(profile)
+                if hasattr(shared[key], "allocate"):  # a Slurm host: the fleet looks, it never asks for a job
+                    shared[key].allocate = False  # type: ignore[attr-defined]
             except ProfileError as exc:
                 out.append((profile, exc))
                 continue

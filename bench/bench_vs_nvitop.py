@@ -12,7 +12,9 @@ the tool's whole process tree (utime+stime of the process and its living descend
 children used: cutime+cstime) is read from /proc over --seconds and scaled to one minute.
 
 Two pairings, as issue 23 asks: each at its own default pace (nvitop's 2 s; tunedash samples at 4 Hz), then
-both at 4 Hz (`nvitop --interval 0.25`). tunedash's pace is its default (Session.sample_period_ms = 250 ms).
+both at 4 Hz (`nvitop --interval 0.25`). tunedash's pace is its default (Session.sample_period_ms = 250 ms), so
+each of its variants (`--gpu-sources auto,smi`: `tunedash ui --gpu-source`, NVML in-process or nvidia-smi) is
+measured once a round and set against both pairings.
 Prints a table, then one JSON line with every figure.
 """
 
@@ -131,28 +133,47 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", required=True, help="the profile tunedash's dashboard opens (its server running)")
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per pairing (medians printed)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians printed)")
     parser.add_argument("--other", default="nvitop", help="the other tool at its default pace")
     parser.add_argument("--other-fast", default="nvitop --interval 0.25", help="the other tool at 4 Hz")
+    parser.add_argument("--pairings", default="defaults,fast", help="which pairings, in order: defaults and/or fast")
+    parser.add_argument("--gpu-sources", default="auto",
+                        help="tunedash's `ui --gpu-source` values to measure, comma-separated (e.g. auto,smi)")
     args = parser.parse_args()
-    tunedash = [sys.executable, "-m", "app", "ui", args.profile, "--readonly"]
-    pairings = [("defaults (nvitop 2 s, tunedash 4 Hz)", shlex.split(args.other)),
-                ("both at 4 Hz", shlex.split(args.other_fast))]
+    chosen = [name.strip() for name in args.pairings.split(",") if name.strip()]
+    if not chosen or set(chosen) - {"defaults", "fast"}:
+        parser.error(f"--pairings: expected defaults and/or fast, comma-separated, got {args.pairings!r}")
+    sources = [name.strip() for name in args.gpu_sources.split(",") if name.strip()]
+    if not sources or set(sources) - {"auto", "nvml", "smi"}:
+        parser.error(f"--gpu-sources: expected auto, nvml and/or smi, comma-separated, got {args.gpu_sources!r}")
+    known = {"defaults": ("defaults (nvitop 2 s, tunedash 4 Hz)", shlex.split(args.other)),
+             "fast": ("both at 4 Hz", shlex.split(args.other_fast))}
+    pairings = [known[name] for name in chosen]
+    # tunedash samples at 4 Hz in both pairings, so each of its variants is measured once a round and set against
+    # each pairing's other tool; the runs alternate (tunedash, other, tunedash, ...) so drift favours neither
+    ours: dict[str, list[float]] = {source: [] for source in sources}
+    theirs: dict[str, list[float]] = {label: [] for label, _ in pairings}
+    for _ in range(args.rounds):
+        runs: list[tuple[str, str]] = []
+        for i in range(max(len(sources), len(pairings))):
+            runs += [("tunedash", sources[i])] if i < len(sources) else []
+            runs += [("other", pairings[i][0])] if i < len(pairings) else []
+        for kind, name in runs:
+            if kind == "tunedash":
+                argv = [sys.executable, "-m", "app", "ui", args.profile, "--readonly", "--gpu-source", name]
+                ours[name].append(measure(argv, args.seconds)["cpu_s_per_min"])
+            else:
+                theirs[name].append(measure(dict(pairings)[name], args.seconds)["cpu_s_per_min"])
     results: list[dict[str, object]] = []
     for label, other in pairings:
-        ours: list[float] = []
-        theirs: list[float] = []
-        for _ in range(args.rounds):
-            ours.append(measure(tunedash, args.seconds)["cpu_s_per_min"])
-            theirs.append(measure(other, args.seconds)["cpu_s_per_min"])
-        row = {"pairing": label, "other": shlex.join(other), "tunedash_cpu_s_per_min": statistics.median(ours),
-               "other_cpu_s_per_min": statistics.median(theirs), "tunedash_rounds": ours, "other_rounds": theirs}
-        row["ratio_tunedash_over_other"] = (row["tunedash_cpu_s_per_min"] / row["other_cpu_s_per_min"]  # type: ignore[operator]
-                                            if row["other_cpu_s_per_min"] else float("inf"))
-        results.append(row)
-        print(f"{label:38} tunedash {row['tunedash_cpu_s_per_min']:6.2f} CPU-s/min   "
-              f"{shlex.join(other):24} {row['other_cpu_s_per_min']:6.2f} CPU-s/min   "
-              f"ratio {row['ratio_tunedash_over_other']:.2f}", flush=True)
+        for source in sources:
+            mine, its = statistics.median(ours[source]), statistics.median(theirs[label])
+            row = {"pairing": label, "gpu_source": source, "other": shlex.join(other), "tunedash_cpu_s_per_min": mine,
+                   "other_cpu_s_per_min": its, "tunedash_rounds": ours[source], "other_rounds": theirs[label],
+                   "ratio_tunedash_over_other": mine / its if its else float("inf")}
+            results.append(row)
+            print(f"{label:38} tunedash ({source:4}) {mine:6.2f} CPU-s/min   {shlex.join(other):24} {its:6.2f} "
+                  f"CPU-s/min   ratio {row['ratio_tunedash_over_other']:.2f}", flush=True)
     print(json.dumps({"seconds": args.seconds, "rounds": args.rounds, "results": results}))
     return 0
 

@@ -7,7 +7,10 @@ with speculation, so the seed's `s s r` has no warm form). Prints each relaunch'
 medians, the ratio cold / warm, and the goal: warm <= capture + warmup + 3 s. With --ab, also the wall time of
 `tunedash ab PROFILE --launches 2` (prefill graph auto vs breakable), cold vs warm, in the same run.
 
-Run: .venv/bin/python bench/bench_warm_relaunch.py [--cycles 5] [--ab]
+With --kill-rounds N, first N rounds of launch, engine kill (-> WARM) and kill all (-> FREE) at a short startup,
+each state's time after the simulated driver's last release (target 20 ms on the sim's NVML-like path).
+
+Run: .venv/bin/python bench/bench_warm_relaunch.py [--cycles 5] [--ab] [--kill-rounds 7]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from app.connect import host_for
 from app.core.data import ServerState
+from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.types import Profile
 from app.core.server.events import LifecycleEvent, StateChanged
@@ -60,9 +64,10 @@ def after_release(state: Path, since: float, at: float, names: str) -> float | N
     return at - max(times) if times else None
 
 
-async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, float]]]:
+async def run_arm(profile: Profile, cycles: int, history: Path) -> list[tuple[float, dict[str, float]]]:
     host = host_for(profile)
     lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus))
+    lifecycle.phases.store_factory = lambda: HistoryStore(history)  # the ETA of each relaunch, from the last one
     entered: dict[ServerState, float] = {}
 
     def listen(event: LifecycleEvent) -> None:
@@ -77,7 +82,11 @@ async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, 
     for i in range(1, cycles + 1):
         t0 = time.monotonic()
         since = time.time()
-        state = await lifecycle.relaunch(toggled(profile, i), ready_timeout_s=400)
+        relaunch = asyncio.ensure_future(lifecycle.relaunch(toggled(profile, i), ready_timeout_s=400))
+        await asyncio.sleep(0.5)  # the plan is read in a thread right after the relaunch begins
+        first = lifecycle.phases.progress()
+        eta = None if first is None or first.eta_s is None else first.eta_s + first.elapsed_s
+        state = await relaunch
         if profile.warm and ServerState.WARM in entered:
             gap = after_release(profile.sim_state, since, entered[ServerState.WARM], "sglang::")
             if gap is not None:
@@ -87,7 +96,12 @@ async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, 
         times = lifecycle.phase_times
         out.append((wall, times))
         print(f"  {'warm' if profile.warm else 'cold'} relaunch {i}: {wall:.1f} s  "
-              + " ".join(f"{k} {v:.1f}" for k, v in times.items()), flush=True)
+              + " ".join(f"{k} {v:.1f}" for k, v in times.items())
+              + (f"  (ETA at 0.5 s: {eta:.1f} s)" if eta is not None else "  (no ETA: no earlier run of this config)"),
+              flush=True)
+        await asyncio.sleep(0.3)  # the saved line lands after the record write
+        if lifecycle.phases.saved:
+            print(f"    event log: {lifecycle.phases.saved}", flush=True)
     if profile.warm:
         since = time.time()
         await lifecycle.kill_all()
@@ -99,6 +113,50 @@ async def run_arm(profile: Profile, cycles: int) -> list[tuple[float, dict[str, 
     await lifecycle.close()
     await host.close()
     return out
+
+
+async def kill_rounds(rounds: int) -> None:
+    """Engine kill -> WARM and kill all -> FREE, each after the simulated driver's last release, `rounds` times on
+    demo-warm at a short startup (2 s, not the seed's: only the release is measured): launch, kill, kill all."""
+    base = resolve_profile("demo-warm")
+    gaps: dict[str, list[float]] = {"WARM": [], "FREE": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "sim"
+        reset_state(state)
+        profile = dataclasses.replace(base, port=free_port(), sim_state=state, env={"TUNEDASH_SIM_STARTUP_S": "2"})
+        host = host_for(profile)
+        lifecycle = ServerLifecycle(host, profile, telemetry_for(host, "smi", profile.gpus))
+        entered: dict[ServerState, float] = {}
+
+        def listen(event: LifecycleEvent) -> None:
+            if isinstance(event, StateChanged):
+                entered[event.state] = event.at
+
+        lifecycle.subscribe(listen)
+        for i in range(rounds):
+            await lifecycle.launch()
+            assert await lifecycle.wait_ready(120) == ServerState.READY
+            since = time.time()
+            await lifecycle.kill(confirm_free=True)
+            assert lifecycle.state == ServerState.WARM, lifecycle.state
+            warm = after_release(state, since, entered[ServerState.WARM], "sglang::")
+            since = time.time()
+            await lifecycle.kill_all()
+            assert lifecycle.state == ServerState.FREE, lifecycle.state
+            free = after_release(state, since, entered[ServerState.FREE], "")
+            if warm is not None:
+                gaps["WARM"].append(warm)
+            if free is not None:
+                gaps["FREE"].append(free)
+            nan = float("nan")
+            print(f"  round {i + 1}: WARM {(warm or nan) * 1000:.0f} ms, FREE {(free or nan) * 1000:.0f} ms after the "
+                  "driver's last release", flush=True)
+        await lifecycle.close()
+        await host.close()
+    for name, values in gaps.items():
+        if values:
+            print(f"{name}: median {statistics.median(values) * 1000:.0f} ms after the driver's last release "
+                  f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f}, {len(values)} rounds); target 20 ms")
 
 
 def ab_wall(warm: bool) -> float:
@@ -124,7 +182,11 @@ def ab_wall(warm: bool) -> float:
         return wall
 
 
-async def main(cycles: int, ab: bool) -> None:
+async def main(cycles: int, ab: bool, rounds: int = 0) -> None:
+    if rounds:
+        await kill_rounds(rounds)
+        if cycles == 0 and not ab:
+            return
     if ab:
         cold_ab, warm_ab = ab_wall(False), ab_wall(True)
         print(f"tunedash ab --launches 2: cold {cold_ab:.1f} s, warm {warm_ab:.1f} s, ratio {cold_ab / warm_ab:.2f}x",
@@ -133,12 +195,13 @@ async def main(cycles: int, ab: bool) -> None:
             return
     base = resolve_profile("demo-warm")
     results = {}
+    history = Path(tempfile.mkdtemp(prefix="bench-warm-")) / "history.sqlite3"  # cold runs first: "instead of"
     for warm in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
             state = Path(tmp) / "sim"
             reset_state(state)
             profile = dataclasses.replace(base, port=free_port(), sim_state=state, warm=warm)
-            results[warm] = await run_arm(profile, cycles)
+            results[warm] = await run_arm(profile, cycles, history)
     cold = statistics.median(w for w, _ in results[False])
     warm_wall = statistics.median(w for w, _ in results[True])
     capture = statistics.median(t.get("capture", 0.0) for _, t in results[True])
@@ -157,5 +220,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--ab", action="store_true", help="also time `tunedash ab --launches 2`, cold vs warm")
+    parser.add_argument("--kill-rounds", type=int, default=0,
+                        help="first: engine kill -> WARM and kill all -> FREE after the last release, N rounds")
     options = parser.parse_args()
-    asyncio.run(main(options.cycles, options.ab))
+    asyncio.run(main(options.cycles, options.ab, options.kill_rounds))

@@ -106,3 +106,39 @@ def ssh_profile(sshd: Sshd, ssh_tmp: Path) -> Iterator[Callable[..., Path]]:
     yield make
     kill_launched(state)
 
+
+
+@pytest.fixture
+def slurm_conf(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The one-node Slurm of scripts/slurm-local (skips, saying why, when it is not up): SLURM_CONF points at it
+    for every Slurm command this test runs."""
+    from tests.slurm_local import SLURM_CONF, slurm_missing
+
+    missing = slurm_missing()
+    if missing:
+        pytest.skip(missing)
+    monkeypatch.setenv("SLURM_CONF", str(SLURM_CONF))
+    return SLURM_CONF
+
+
+@pytest.fixture
+def slurm_profile(slurm_conf: Path, tmp_path: Path, sim_state: Path) -> Iterator[MakeProfile]:
+    """Write tmp_path/NAME.toml: the demo-like profile of make_profile, but `host = "slurm:local"` with a [slurm]
+    table (`slurm` keyword: its lines; default a 30-minute allocation): the simulated host on the node of a real
+    allocation of scripts/slurm-local. Afterwards the allocation it asked for is cancelled (its steps with it)."""
+
+    def make(*, name: str = "t", slurm: str = 'time = "30"', **options: Any) -> Path:
+        extra = options.pop("extra", "")
+        extra = (f'python = "{sys.executable}"\nmodule = "app.sim.sglang"\n{extra}\n[slurm]\n{slurm}\n')
+        text = sim_profile_text(name=name, port=free_port(), sim_state=sim_state, extra=extra, **options)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text.replace('host = "sim"', 'host = "slurm:local"'))
+        return path
+
+    yield make
+    allocation = sim_state / "host" / "slurm" / "allocation"
+    if allocation.exists():
+        import subprocess
+
+        subprocess.run(["scancel", allocation.read_text().split()[0]], check=False)
+    kill_launched(sim_state)

@@ -22,6 +22,23 @@ NO_VISIBLE_PROCESS = "(no visible process)"
 
 
 @dataclass(frozen=True)
+class ProgressView:
+    """A launch or relaunch under way, as the panel draws it (the core computes it: app.core.server.progress).
+
+    `fraction` 0..1 and `eta_s` are None without an earlier launch to plan from; `phases` are (name, "done" |
+    "now" | "next"); `basis` says where the ETA comes from."""
+
+    kind: str
+    phase: str | None
+    elapsed_s: int
+    fraction: float | None = None
+    eta_s: int | None = None
+    over_s: int = 0
+    basis: str = ""
+    phases: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class ServerView:
     """Everything the server panel shows. `since` is on the caller's clock, the same one as `now`."""
 
@@ -40,6 +57,7 @@ class ServerView:
     last_lines: tuple[str, ...] = ()
     holders: tuple[Holder, ...] = ()  # what still holds GPU memory (shown when the server is STUCK)
     page_cache: str | None = None  # "weights: 41.2 GiB of 54.0 GiB in the page cache (76%, 11 files)"
+    progress: ProgressView | None = None  # a launch or relaunch under way: its bar, phases and ETA
 
 
 _STATE_CLASS = {
@@ -96,6 +114,38 @@ def phases_line(view: ServerView) -> str:
     return "last launch: " + " · ".join(f"{name} {secs:.1f}s" for name, secs in view.phase_times.items())
 
 
+PROGRESS_BAR_CELLS = 24
+_PHASE_MARK = {"done": "✓", "now": "▸", "next": "·"}
+
+
+def progress_bar(fraction: float, cells: int = PROGRESS_BAR_CELLS) -> str:
+    """ "█████████░░░░░░░░░░░░░░░" for 0.37 (whole cells; the percentage says the rest)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    filled = round(fraction * cells)
+    return "█" * filled + "░" * (cells - filled)
+
+
+def progress_text(progress: ProgressView | None) -> str:
+    """The progress block: the bar with the percentage, the phase and the ETA; the phases; where the ETA is from.
+    "" when no launch is under way."""
+    if progress is None:
+        return ""
+    phase = progress.phase or "preflight"
+    if progress.fraction is None or progress.eta_s is None:
+        head = f"{progress.kind}: {phase}, {format_duration(progress.elapsed_s)} (no ETA yet)"
+    else:
+        over = f", {progress.over_s}s over plan" if progress.over_s else ""
+        head = (f"{progress_bar(progress.fraction)} {progress.fraction * 100:3.0f}%  {phase}  "
+                f"ETA {format_duration(progress.eta_s)}{over}")
+    steps = " ".join(f"{_PHASE_MARK.get(mark, '·')}{name}" for name, mark in progress.phases)
+    lines = [head]
+    if steps:
+        lines.append(steps)
+    if progress.basis:
+        lines.append(f"ETA from {progress.basis}" if progress.fraction is not None else progress.basis)
+    return "\n".join(lines)
+
+
 NOTICE_CHARS = 60
 """Notices are cut to their first sentence and at most this many characters (the event log has them whole)."""
 
@@ -142,6 +192,7 @@ class ServerPanel(Widget):
         .server-state.-busy { color: $warning; }
         .server-state.-idle { color: $text-muted; }
         .server-phases { color: $text-muted; }
+        .server-progress { color: $warning; }
         .server-pagecache { color: $text-muted; }
         .server-notices { color: $warning; }
         .server-fatal { color: $error; text-style: bold; }
@@ -166,7 +217,7 @@ class ServerPanel(Widget):
     def compose(self) -> ComposeResult:
         """One Static per block; empty blocks are hidden."""
         yield Static("no server", classes="server-state -idle")
-        for name in ("identity", "phases", "pagecache", "notices", "fatal", "lines", "holders"):
+        for name in ("identity", "progress", "phases", "pagecache", "notices", "fatal", "lines", "holders"):
             yield Static(classes=f"server-{name} -empty", markup=False)
 
     def watch_data(self, data: tuple[ServerView, float] | None) -> None:
@@ -185,6 +236,7 @@ class ServerPanel(Widget):
         for cls in ("-good", "-bad", "-busy", "-idle", "-starting"):
             state.set_class(_STATE_CLASS.get(view.state, "-starting") == cls, cls)
         self._set("identity", identity_line(view))
+        self._set("progress", progress_text(view.progress))
         self._set("phases", phases_line(view))
         self._set("pagecache", view.page_cache or "")
         notices = view.notices[-self.MAX_NOTICES :]

@@ -72,8 +72,13 @@ def state_exit_code(state: ServerState) -> int:
     return EXIT_FOR_STATE.get(state, EXIT_START_FAILED)
 
 
+LIVE_LINES: list[Callable[[], None]] = []  # clear a terminal's rewritten progress line before a line is printed
+
+
 def say(text: str) -> None:
     """One line on stdout, flushed (progress lines reach a pipe as they happen)."""
+    for clear in LIVE_LINES:
+        clear()
     print(text, flush=True)
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.cli import adopt, fleet, measure, prewarm, remote, serve, server
+from app.cli import adopt, fleet, measure, prewarm, remote, serve, server, tune
 from app.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -34,6 +34,7 @@ from app.core.flags.values import lookup_flag
 from app.core.hosts.base import HostError
 from app.core.profiles.loading import find_profiles, resolve_profile
 from app.core.profiles.types import ProfileError
+from app.core.telemetry.steady import GPU_SOURCES
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
@@ -84,7 +85,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise CliError(refused)
     app = create_app(profile, readonly=args.readonly, probe=args.probe, autolaunch=getattr(args, "autolaunch", False),
                      take_over=getattr(args, "take_over", False), watching=watching,
-                     tuning_flags_only=tuning_flags_only)
+                     tuning_flags_only=tuning_flags_only, gpu_source=getattr(args, "gpu_source", "auto"))
     app.run()
     return EXIT_OK
 
@@ -121,12 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start read-only without taking the driver lock; T takes it over (each `serve` tab)")
     p.add_argument("--tuning-flags-only", action="store_true",
                    help="offer only the catalog's tuning flags (serve's tabs)")
+    p.add_argument("--gpu-source", choices=GPU_SOURCES, default="auto",
+                   help="how the GPUs are read: auto (NVML in-process on this machine's driver, else nvidia-smi), "
+                   "nvml (also the simulated host's NVML-like reader) or smi")
     _with_overrides(p)
     p.set_defaults(func=cmd_ui)
 
     server.register(sub, _with_overrides)
     prewarm.register(sub)
     measure.register(sub, _with_overrides)
+    tune.register(sub, _with_overrides)
 
     p = sub.add_parser("profiles", help="list the profiles tunedash finds")
     p.add_argument("--json", action="store_true")

@@ -270,7 +270,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         if run is None:
             raise CliError(f"no run #{args.id} in {store.path}; `tunedash history` lists the runs")
-        if args.format == "svg":
+        if run.kind == "tune":  # a tune run's own tables and plots (app.core.tune.export)
+            from app.core.tune.export import export_tune
+
+            text = export_tune(run, args.format)
+        elif args.format == "svg":
             from app.tui.compare import compare_svg  # the screen's own screenshot; loads Textual only here
 
             text = asyncio.run(compare_svg(run, store.request_rows(run.id)))

@@ -8,9 +8,12 @@ Registered by app.cli.main through `register`; exit codes come from app.cli.comm
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import shlex
 import sys
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from app.cli.common import (
     EXIT_OK,
     EXIT_START_FAILED,
     EXIT_UNREADABLE,
+    LIVE_LINES,
     CliError,
     drive,
     lifecycle_for,
@@ -37,11 +41,13 @@ from app.core.flags.values import FlagError, catalog
 from app.core.hosts.base import Host
 from app.core.hosts.local import LocalHost
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES
+from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import launch_argv, launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.progress import PlainProgress
 from app.core.server.status import inspect_job, status_to_json
 from app.core.telemetry.pagecache import page_cache_to_json, read_page_cache
 from app.core.telemetry.smi import snapshot_to_json, telemetry_for
@@ -153,15 +159,42 @@ async def cmd_launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(profile, lifecycle, args)
     await drive(lifecycle, args, "launch")
-    record = await lifecycle.launch()
     if not args.wait:
+        record = await lifecycle.launch()
         if args.json:
             say(json.dumps({"pid": record.pid, "pgid": record.pgid, "log": record.log_path}))
         await lifecycle.close()
         return EXIT_OK
-    state = await lifecycle.wait_ready(args.timeout)
+
+    async def launch_and_wait() -> ServerState:
+        await lifecycle.launch()
+        return await lifecycle.wait_ready(args.timeout)
+
+    state = await _with_progress(lifecycle, args, launch_and_wait())
     await lifecycle.close()
     return _report_start(lifecycle, state, args, args.timeout)
+
+
+async def _with_progress(lifecycle: ServerLifecycle, args: argparse.Namespace,
+                         run: Coroutine[Any, Any, ServerState]) -> ServerState:
+    """`run` (a launch and its wait, or a relaunch) with its progress printed (app.core.server.progress): on a
+    terminal one line rewritten in place, piped a line per phase; none with --json. The phase times go to the
+    history (the next run's ETA)."""
+    lifecycle.phases.store_factory = HistoryStore
+    if args.json:
+        return await run
+    printer = PlainProgress(lifecycle.phases, sys.stdout)
+    LIVE_LINES.append(printer.clear)
+    ticker = asyncio.create_task(printer.run())
+    try:
+        return await run
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        LIVE_LINES.remove(printer.clear)
+        await lifecycle.phases.close()  # the run's record and its saved line land before the report
+        printer.finish()
 
 
 def _report_start(lifecycle: ServerLifecycle, state: ServerState, args: argparse.Namespace,
@@ -243,7 +276,7 @@ async def cmd_relaunch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(profile, lifecycle, args)
     await drive(lifecycle, args, "relaunch")
-    state = await lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout)
+    state = await _with_progress(lifecycle, args, lifecycle.relaunch(profile, ready_timeout_s=args.ready_timeout))
     await lifecycle.close()
     return _report_start(lifecycle, state, args, args.ready_timeout)
 

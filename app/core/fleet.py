@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from app.core.data import ConnectionState, DecodeStats, GpuSnapshot, LogEvent, ServerState, SpecDecodeStats
 from app.core.flags.discovery import discover_flags
-from app.core.hosts.base import ConnectionChanged, Host, HostError, NotRegularFile
+from app.core.hosts.base import ConnectionChanged, Host, HostError, NotRegularFile, SchedulerStep
 from app.core.hosts.window import LogWindow
 from app.core.logs.parser import LogParser
 from app.core.logs.summary import TimestampClock, line_timestamp
@@ -125,6 +125,7 @@ class _HostWatch:
     answered: bool = False
     error: str = ""
     telemetry: SmiTelemetry | None = None
+    steps: list[SchedulerStep] = field(default_factory=list)  # a cluster's tunedash steps (Host.scheduler_steps)
 
 
 def _state_of(watch: _Watch) -> ServerState:
@@ -242,6 +243,7 @@ class FleetPoller:
         now = time.time()
         for watch in entry.watches:
             await self._look_profile(entry.host, watch, now)
+        entry.steps = await entry.host.scheduler_steps()
 
     async def _look_profile(self, host: Host, watch: _Watch, now: float) -> None:
         profile = watch.profile
@@ -341,6 +343,7 @@ class FleetPoller:
         """Every profile's row, sorted by host, then profile name."""
         now = time.time()
         out = [self._row(entry, watch, now) for entry in self.hosts for watch in entry.watches]
+        out += [row for entry in self.hosts for row in _step_rows(entry)]
         return sorted(out, key=lambda row: (row.host, row.profile, row.key))
 
     def _row(self, entry: _HostWatch, watch: _Watch, now: float) -> FleetRow:
@@ -422,3 +425,23 @@ def _connection(entry: _HostWatch) -> str:
     if entry.error:
         return "unreachable"
     return "connected" if entry.answered else "connecting"
+
+
+def _step_rows(entry: _HostWatch) -> list[FleetRow]:
+    """One row per tunedash step the cluster lists that none of this host's profiles is following (a launch from
+    another profile file, another machine, a dashboard that quit): its step id, node and time running."""
+    followed = _followed_tags(entry)
+    rows = []
+    for step in entry.steps:
+        if step.name.removeprefix("tunedash-") in followed:
+            continue
+        rows.append(FleetRow(
+            key=f"slurm-step:{step.step}", profile=f"step {step.step}", host=entry.host.name, backend="?",
+            version=None, state=None, since=None, tokens_per_s=None, accept_len=None, gpus=(),
+            gpu_error="a step no profile here names", driver=None, connection=_connection(entry),
+            error=f"{step.name} on {step.node}, running {step.elapsed}: no profile given to the fleet launched it"))
+    return rows
+
+
+def _followed_tags(entry: _HostWatch) -> set[str]:
+    return {watch.record.tag for watch in entry.watches if watch.record is not None and watch.record.tag}

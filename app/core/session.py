@@ -43,6 +43,7 @@ from app.core.hosts.window import TAIL_BYTES
 from app.core.measure.http_probes import server_info
 from app.core.measure.metrics import MetricsPoller, MetricsRate
 from app.core.measure.probe import ProbeStatus, probe_loop
+from app.core.measure.store import HistoryStore
 from app.core.profiles.loading import for_server_version
 from app.core.profiles.render import describe_change, flag_diff, launch_argv, launch_env
 from app.core.profiles.types import Profile
@@ -59,12 +60,19 @@ from app.core.server.events import (
     ThroughputAdded,
 )
 from app.core.server.lifecycle import ServerLifecycle
+from app.core.server.progress import LaunchProgress
 from app.core.server.release import FreeProgress
 from app.core.server.states import STARTING_STATES
+from app.core.server.warm import warm_refusal
 from app.core.tasks import TaskOwner
-from app.core.telemetry.smi import Telemetry, telemetry_for
+from app.core.telemetry.smi import Telemetry
+from app.core.telemetry.steady import dashboard_telemetry
 
 log = logging.getLogger("tunedash")
+
+class WarmRefused(Exception):
+    """Warm mode cannot be switched on here; the message says why (the backend, its version, the flags)."""
+
 
 class ReadOnlyError(Exception):
     """A command that signals or launches was refused because the session is read-only."""
@@ -80,6 +88,7 @@ class Session:
         *,
         readonly: bool = False,
         telemetry: Telemetry | None = None,
+        gpu_source: str = "auto",
         sample_period_ms: int = 250,
         probe: bool = False,
         autolaunch: bool = False,
@@ -91,6 +100,7 @@ class Session:
         self.connection: ConnectionChanged | None = None  # a remote host's latest connection state
         self.profile = profile  # what runs (or would run on launch)
         self.pending_flags: dict[str, FlagValue] = dict(profile.flags)
+        self.pending_warm: bool | None = None  # warm mode for the next relaunch (`w`); None: as the profile says
         # no command may signal or launch: asked for, watching (a web tab), or another session drives
         self.readonly = readonly or watching
         self.watch_only = readonly  # asked for (--readonly): never takes the driver lock, not even by take_over_now
@@ -101,11 +111,14 @@ class Session:
         self._driver_settled = asyncio.Event()
         self._driver_settling = False
         self.driven_by: str | None = None  # who drives, when another session does ("alice@gpubox")
-        self.telemetry: Telemetry = telemetry or telemetry_for(host, "smi", profile.gpus)
+        # this machine's driver: NVML in-process; elsewhere nvidia-smi (app.core.telemetry.steady)
+        self.telemetry: Telemetry = telemetry or dashboard_telemetry(host, profile.gpus, gpu_source)
         self.sample_period_ms = sample_period_ms
         self.lifecycle = ServerLifecycle(host, profile, self.telemetry)
         self.lifecycle.subscribe(self._on_lifecycle)
         self.lifecycle.before_act = self._before_act
+        # each run's phase times, the next one's ETA; a read-only session writes nothing (it launches nothing either)
+        self.lifecycle.phases.store_factory = lambda: None if self.readonly else HistoryStore()
         watch_adopted(self.lifecycle, self.note)  # no record of ours: a server started by hand runs this profile?
         self.snapshot: GpuSnapshot | None = None
         self._release_floor = 0.0  # monotonic: dashboard samples whose process lists are older are not shown
@@ -135,6 +148,8 @@ class Session:
         self.log_path: str | None = None  # the log the log view follows: the running launch's
         self.acceptance = AcceptanceWatch()  # speculation not paying: its alarm is in the header and the event log
         self._stopped = False
+        # a scheduler's word (a Slurm allocation's time running out) goes to the event log
+        self._unsubscribe_notices = host.subscribe_notices(self.note)
 
     # ---- wiring ----------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[LifecycleEvent], None]) -> Callable[[], None]:
@@ -146,6 +161,11 @@ class Session:
         phase times are copies (ServerLifecycle.view): the lifecycle keeps writing its own while a screen holds
         this one."""
         return self.lifecycle.view()
+
+    def launch_progress(self) -> LaunchProgress | None:
+        """The launch or relaunch under way: its phases, progress and ETA (app.core.server.progress); None when
+        none is. The Server panel draws it."""
+        return self.lifecycle.phases.progress()
 
     def note(self, text: str, level: EventLevel = "info") -> None:
         """A line in the event log (the session's own, and the advisor's findings and what was applied)."""
@@ -163,6 +183,8 @@ class Session:
         elif isinstance(event, Launched):  # whoever launched (a key, an A/B arm, a CLI): this is what runs now
             if self.pending_flags == self.profile.flags:  # nothing pending: the new running flags, as on attach
                 self.pending_flags = dict(event.profile.flags)
+            if self.pending_warm == event.profile.warm:  # applied
+                self.pending_warm = None
             self.profile = event.profile
             self._follow_server_log(event.record.log_path)
         elif isinstance(event, ServerLogEvent):
@@ -341,6 +363,7 @@ class Session:
         if self._stopped:
             return
         self._stopped = True
+        self._unsubscribe_notices()
         self.command.stop()
         await self._tasks.close()  # the GPU samples, probe, /metrics, log tail, version and flag reads
         await self.lifecycle.close()
@@ -499,7 +522,34 @@ class Session:
 
     @property
     def pending_profile(self) -> Profile:
-        return replace(self.profile, flags=dict(self.pending_flags))
+        warm = self.profile.warm if self.pending_warm is None else self.pending_warm
+        return replace(self.profile, flags=dict(self.pending_flags), warm=warm)
+
+    def warm_refusal(self) -> str:
+        """Why warm mode cannot be switched on for this session's server (the backend or its version has no weight
+        cache, or the flags refuse it: app.core.server.warm.warm_refusal); "" when it can."""
+        return warm_refusal(replace(self.pending_profile, warm=True), self.server_flags)
+
+    def toggle_warm(self) -> str:
+        """Warm mode on or off for this session from the next relaunch (`w`, the palette's Warm mode); what it
+        will do, for the toast and the event log. Raises WarmRefused with the reason when it cannot be on."""
+        self._guard("warm mode")
+        on = not self.pending_profile.warm
+        if on:
+            why = self.warm_refusal()
+            if why:
+                raise WarmRefused(why)
+        self.pending_warm = None if on == self.profile.warm else on
+        if on:
+            text = ("warm mode on: the next relaunch (r) starts the weight cache daemon and runs the server as its "
+                    "client; relaunches after it map the weights from the cache")
+        else:
+            text = ("warm mode off: the next relaunch (r) stops the weight cache daemon and loads the weights from "
+                    "disk")
+        if self.pending_warm is None:
+            text = f"warm mode {'on' if on else 'off'}, as the running server (nothing pending)"
+        self.note(text)
+        return text
 
     def running_argv(self) -> list[str]:
         return launch_argv(self.profile)
@@ -521,6 +571,7 @@ class Session:
 
     def undo_pending(self) -> None:
         self.pending_flags = dict(self.profile.flags)
+        self.pending_warm = None
         self.note("pending changes undone")
 
     def describe_pending(self) -> str:
@@ -528,6 +579,8 @@ class Session:
         sched+sbo"), then other flags; flags a toggle derives (draft tokens from steps) are not repeated."""
         running, pending = self.profile.flags, self.pending_flags
         parts: list[str] = []
+        if self.pending_warm is not None and self.pending_warm != self.profile.warm:
+            parts.append(f"warm {'off -> on' if self.pending_warm else 'on -> off'}")
         covered: set[str] = set()
         for toggle in self.profile.toggles:
             before, after = toggle_value(running, toggle), toggle_value(pending, toggle)

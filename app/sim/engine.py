@@ -168,7 +168,8 @@ class Engine:
             if batch == 0:
                 continue
             t0 = loop.time()
-            wait = self.speed.sample_step_ms(batch) / 1000 - (loop.time() - t0)
+            context = sum(r.prompt_tokens + r.generated for r in self.running) / batch
+            wait = self.speed.sample_step_ms(batch, context) / 1000 - (loop.time() - t0)
             # A wait under a millisecond only yields: the event loop's epoll sleeps whole milliseconds, so a
             # near-zero step (bench/bench_loadgen.py's zero-cost speed file) took >= 1 ms and capped the sim.
             await asyncio.sleep(wait if wait >= MIN_SLEEP_S else 0)

@@ -46,6 +46,7 @@ from app.sim import gpu_state
 from app.sim.engine import Engine
 from app.sim.host_env import FAULT_ENV, STARTUP_ENV, init_state
 from app.sim.http_api import build_app
+from app.sim.placement import InvalidDeviceOrdinal, gpu_speed_factors, rank_gpus, server_speed_factor
 from app.sim.resolved import Resolved, Running
 from app.sim.server_args import load_models, parse, resolve, server_args_repr
 from app.sim.simlog import log, raw
@@ -84,8 +85,10 @@ class SimServer:
     """The main process: children, HTTP, engine, signals."""
 
     def __init__(self, resolved: Resolved, model: dict[str, Any], state_dir: Path, startup_s: float,
-                 faults: list[str]) -> None:
+                 faults: list[str], gpu_speed: dict[int, float] | None = None) -> None:
         self.args = resolved.args
+        self.gpu_speed = gpu_speed or {}
+        self.gpus: list[int] = []
         self.running: Running = resolved.running
         self.model = model
         self.state_dir = state_dir
@@ -130,15 +133,18 @@ class SimServer:
         config = gpu_state.read_host_config(self.state_dir)
         tp = self.args["tp_size"]
         base = self.args["base_gpu_id"]
-        if base + tp > len(config.gpus):
+        try:
+            self.gpus = rank_gpus(tp, base, len(config.gpus))
+        except InvalidDeviceOrdinal:
             raw("RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously "
                 "reported at some other API call, so the stacktrace below might be incorrect.\n")
             return False
         r, w = os.pipe()
-        self.spawn("detokenizer", "sglang::detokenizer", 0, base, w, config.gpus[base].memory_total_mib)
-        for rank in range(tp):
+        first = self.gpus[0]
+        self.spawn("detokenizer", "sglang::detokenizer", 0, first, w, config.gpus[first].memory_total_mib)
+        for rank, gpu in enumerate(self.gpus):
             name = f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler"
-            self.spawn("scheduler", name, rank, base + rank, w, config.gpus[base + rank].memory_total_mib)
+            self.spawn("scheduler", name, rank, gpu, w, config.gpus[gpu].memory_total_mib)
         os.close(w)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
@@ -211,7 +217,8 @@ class SimServer:
                 return 0
             log("Received sigquit from a child process. It usually means the child failed.")
             self.die_with_children()
-        speed = SpeedModel(speed_config(Resolved(self.args, self.running), self.model))
+        speed = SpeedModel(speed_config(Resolved(self.args, self.running), self.model),
+                           gpu_factor=server_speed_factor(self.gpus, self.gpu_speed))
         state = os.environ.get("TUNEDASH_SIM_STATE")
         busy = os.path.join(state, "busy") if state else None
         self.engine = Engine(self.args, self.running, speed, self.max_total_tokens, busy)
@@ -332,10 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, AssertionError) as exc:
         raw(f"Traceback (most recent call last):\n{type(exc).__name__}: {exc}\n")
         return 1
+    try:
+        gpu_speed = gpu_speed_factors()
+    except ValueError as exc:
+        raw(f"Traceback (most recent call last):\nValueError: {exc}\n")
+        return 1
     for msg in resolved.msgs:
         log(msg)
     log(f"server_args={server_args_repr(resolved.args)}")
-    server = SimServer(resolved, model, state_dir, startup_seconds(state_dir), faults)
+    server = SimServer(resolved, model, state_dir, startup_seconds(state_dir), faults, gpu_speed)
     return asyncio.run(server.run())
 
 

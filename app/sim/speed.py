@@ -10,7 +10,8 @@ Two levels of noise, as on a real GPU server:
   measurement; set `launch_sigma = 0` in a TUNEDASH_SIM_SPEED_FILE to turn it off.
 The launch's seed: `launch_seed`, else $TUNEDASH_SIM_LAUNCH_SEED, else `seed` when one is given (a seeded
 model is fully deterministic), else fresh entropy, so two launches of one config differ like real ones.
-The nominal figures (mean_step_ms, mean_stream_tok_s) leave the launch factor out.
+The GPUs' own speed (gpu_factor: one pair behind a slower link, app/sim/placement.py) divides the step time too.
+The nominal figures (mean_step_ms, mean_stream_tok_s) leave the launch factor and gpu_factor out.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ class SpeedModel:
     """Per-step decode time and tokens accepted per step."""
 
     def __init__(self, cfg: SpeedConfig, params: dict[str, Any] | None = None, seed: int | None = None,
-                 launch_seed: int | None = None) -> None:
+                 launch_seed: int | None = None, gpu_factor: float = 1.0) -> None:
         self.cfg = cfg
         self.p = params if params is not None else load_params()
         self.rng = random.Random(seed)
         self.launch_seed = _launch_seed(launch_seed, seed)
         self.launch_factor = launch_factor(float(self.p.get("launch_sigma", 0.0)), self.launch_seed)
+        if not gpu_factor > 0:
+            raise ValueError(f"gpu_factor must be > 0 (got {gpu_factor})")
+        self.gpu_factor = gpu_factor  # the speed of the GPUs it runs on (app/sim/placement.py), 1 by default
 
     @property
     def draft_tokens(self) -> int:
@@ -100,6 +104,17 @@ class SpeedModel:
         if self.cfg.spec_topk <= 1:
             return self.cfg.spec_steps
         return max(self.cfg.spec_draft_tokens - 1, self.cfg.spec_steps)
+
+    @property
+    def accept_decay(self) -> float:
+        """Each later draft position is accepted with this factor less often than the one before (1: no decay)."""
+        return float(self.p.get("accept_decay", 1.0)) if self.cfg.spec_algorithm else 1.0
+
+    def position_accept(self, i: int) -> float:
+        """The chance draft token i (1-based) is accepted given every one before it was: accept_prob up to
+        position accept_decay_after, then accept_decay times less at each later position."""
+        after = int(self.p.get("accept_decay_after", 0))
+        return self.accept_prob * self.accept_decay ** max(i - after, 0)
 
     @property
     def accept_prob(self) -> float:
@@ -126,9 +141,11 @@ class SpeedModel:
             f *= self.p[f"{spec}overlap_schedule_overhead_factor"]
         return float(f)
 
-    def mean_step_ms(self, batch: int = 1) -> float:
+    def mean_step_ms(self, batch: int = 1, context: float = 0.0) -> float:
+        """One decode step's nominal time for `batch` sequences of `context` tokens each (prompt + generated)."""
         p = self.p
-        grow = 1 + p["batch_cost"] * (max(batch, 1) - 1)
+        batch = max(batch, 1)
+        grow = 1 + p["batch_cost"] * (batch - 1)
         target = p["target_ms_per_weight_gib"] * self.cfg.weights_gib / max(self.cfg.tp_size, 1)
         if self.cfg.torch_compile:
             target *= p["torch_compile_target_factor"]
@@ -136,28 +153,39 @@ class SpeedModel:
         if self.cfg.spec_algorithm:
             draft = p.get("draft_step_ms_by_algorithm", {}).get(self.cfg.spec_algorithm, p["draft_step_ms"])
             spec = self.cfg.spec_steps * draft + self.draft_tokens * p["verify_per_draft_token_ms"]
-        return float(p["overhead_ms"] * self.overhead_factor(batch) + (target + spec) * grow)
+        # verifying: every sequence's draft tokens go through the target; past a few streams (the knee) decoding
+        # stops being memory-bound and their compute grows with the batch
+        knee = float(p.get("verify_batch_knee", 1))
+        verify_batch = (self.draft_tokens * float(p.get("verify_batch_ms_per_draft_token", 0.0))
+                        * max(batch - knee, 0.0))
+        # attention: each sequence reads its KV every step; each draft token adds its share (draft + verify)
+        ktok = max(context, 0.0) / 1000 * batch
+        kv = ktok * (float(p.get("kv_ms_per_ktok", 0.0))
+                     + self.draft_tokens * float(p.get("spec_kv_ms_per_ktok", 0.0)))
+        return float(p["overhead_ms"] * self.overhead_factor(batch) + (target + spec) * grow + verify_batch + kv)
 
     def mean_accept_len(self) -> float:
         """Expected tokens per sequence per step (1 without speculative decoding)."""
-        q = self.accept_prob
-        return 1.0 + sum(q**i for i in range(1, self.draft_tokens + 1))
+        total, reach = 1.0, 1.0
+        for i in range(1, self.draft_tokens + 1):
+            reach *= self.position_accept(i)
+            total += reach
+        return total
 
-    def mean_stream_tok_s(self, batch: int = 1) -> float:
-        """Expected tokens/s of one stream when `batch` streams decode together."""
-        return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch)
+    def mean_stream_tok_s(self, batch: int = 1, context: float = 0.0) -> float:
+        """Expected tokens/s of one stream when `batch` streams of `context` tokens decode together."""
+        return 1000.0 * self.mean_accept_len() / self.mean_step_ms(batch, context)
 
-    def sample_step_ms(self, batch: int) -> float:
+    def sample_step_ms(self, batch: int, context: float = 0.0) -> float:
         """One step's time: the nominal mean, this launch's factor, the step's own noise."""
-        step = self.mean_step_ms(batch) / self.launch_factor
+        step = self.mean_step_ms(batch, context) / (self.launch_factor * self.gpu_factor)
         return max(0.1, step * (1 + self.rng.gauss(0, self.p["noise_sigma"])))
 
     def sample_accept(self) -> int:
         """Tokens one sequence gains in one step (1 + accepted drafts)."""
         n = 1
-        q = self.accept_prob
-        for _ in range(self.draft_tokens):
-            if self.rng.random() >= q:
+        for i in range(1, self.draft_tokens + 1):
+            if self.rng.random() >= self.position_accept(i):
                 break
             n += 1
         return n

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from app.sim import gpu_state
+from app.sim.placement import InvalidDeviceOrdinal, rank_gpus
 from app.sim.rank_phases import CONTEXT_MIB, GIB
 from app.sim.simlog import log, raw
 
@@ -366,7 +367,9 @@ def launch(server_argv: list[str], args: dict[str, Any], gpus: list[gpu_state.Si
            force: bool, dist_init_method: str | None) -> int:
     """launch_weight_cache_daemons: one daemon per local TP rank, ready files awaited, then watched."""
     tp, base = int(args["tp_size"]), int(args.get("base_gpu_id") or 0)
-    if base + tp > len(gpus):
+    try:
+        phys = rank_gpus(tp, base, len(gpus))  # CUDA_VISIBLE_DEVICES as the server's ranks see it
+    except InvalidDeviceOrdinal:
         return fail(RuntimeError("CUDA error: invalid device ordinal"))
     if dist_init_method is None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -374,12 +377,12 @@ def launch(server_argv: list[str], args: dict[str, Any], gpus: list[gpu_state.Si
             dist_init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     try:
         for rank in range(tp):
-            cleanup_stale_files(gpus[base + rank].uuid, force)
+            cleanup_stale_files(gpus[phys[rank]].uuid, force)
     except (RuntimeError, ValueError) as exc:
         return fail(exc)
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(tp):
-        gpu = base + rank
+        gpu = phys[rank]
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.sim.weight_cache", "--gpu-id", str(gpu), "--tp-rank", str(rank),
              "--pp-rank", "0", "--dist-init-method", dist_init_method, *server_argv], stdin=subprocess.DEVNULL)
@@ -400,7 +403,7 @@ def launch(server_argv: list[str], args: dict[str, Any], gpus: list[gpu_state.Si
     signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.time()
     for rank in range(tp):
-        path = ready_path(gpus[base + rank].uuid)
+        path = ready_path(gpus[phys[rank]].uuid)
         while not os.path.exists(path):
             time.sleep(CHECK_INTERVAL_S)
             if time.time() - start > timeout:

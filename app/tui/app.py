@@ -193,6 +193,7 @@ def create_app(
     fleet: bool = False,
     theme_file: Path | None = THEME_FILE,
     tuning_flags_only: bool = False,
+    gpu_source: str = "auto",
 ) -> TunedashApp:
     """The one factory for the dashboard (CLI and tests); `fleet`: opened from the fleet (Escape goes back);
     `tuning_flags_only`: flags are changed only among the catalog's tuning flags (each `tunedash serve` tab)."""
@@ -202,7 +203,7 @@ def create_app(
 
             host = host_for(profile)
         session = Session(host, profile, readonly=readonly, probe=probe, autolaunch=autolaunch, take_over=take_over,
-                          watching=watching)
+                          watching=watching, gpu_source=gpu_source)
     app = TunedashApp(session, keymap_file=keymap_file, fleet=fleet, theme_file=theme_file,
                       tuning_flags_only=tuning_flags_only)
     from app.tui.trust import install_trust_prompt  # an unknown SSH host key: ask in a ConfirmModal

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -50,11 +50,12 @@ from app.core.server.events import (
     StateChanged,
     ThroughputAdded,
 )
-from app.core.session import ReadOnlyError, Session
+from app.core.session import ReadOnlyError, Session, WarmRefused
 from app.core.telemetry.pagecache import read_page_cache
-from app.tui import advisor, bench
+from app.tui import advisor, bench, tune
 from app.tui.adopt_confirm import ask_adopted
 from app.tui.commands import untuned_flag_message
+from app.tui.progress_view import progress_view
 from app.tui.views import (
     NO_GPUS,
     connection_note,
@@ -93,16 +94,18 @@ docs/decisions.md#ui-push-rate."""
 WATCHER_REFUSES = {
     "bench": "a benchmark (b) loads the server and writes the history",
     "ab": "an A/B (a) relaunches the server and writes the history",
+    "tune": "a tune (t) relaunches the server and writes the history",
     "probe": "the probe (p) loads the server",
     "export_events": "export (x) writes a file",
     "press_toggle": "flag changes",
+    "warm": "warm mode (w) starts a weight cache daemon on the next relaunch",
 }
 """What a watching dashboard (`--readonly`, or `--watch` until T) refuses, and why: nothing that loads the server,
 writes the owner's files or config, or answers a trust prompt (docs/decisions.md#read-only-is-read-only)."""
 DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "kill_all": "kill all", "confirm_free": "confirm free"}
 """Keys that signal or launch: refused in every read-only session (one that watches, or one another session drives)."""
 COMMANDS = {"relaunch": "relaunch", "confirm_free": "confirm free", "bench": "bench", "ab": "A/B",
-            "advise": "advisor"}
+            "advise": "advisor", "tune": "tune"}
 """Keys that start a command in the Session's one slot: refused (dimmed) while another command runs. The kill is
 not here: it cancels the command in progress, then kills."""
 NEEDS_READY = {"bench": "a benchmark", "mark_baseline": "the baseline", "advise": "the advisor"}
@@ -173,6 +176,9 @@ class DashboardScreen(Screen[None]):
         Binding("K", "kill_all", "Kill all", id="kill_all", show=False,
                 tooltip="Kill the server and its weight cache daemon (warm profiles): FREE at 0 MiB (asks first)"),
         Binding("f", "confirm_free", "Free?", id="free", tooltip="Confirm the GPUs are back at idle"),
+        Binding("w", "warm", "Warm mode", id="warm", show=False,
+                tooltip="Warm mode on/off for this session: the next relaunch keeps the weights in the backend's "
+                        "weight cache daemon (SGLang 0.5.23+, vLLM 0.32+), so later relaunches skip the disk load"),
         Binding("p", "probe", "Probe", id="probe", tooltip="Probe load on/off (a continuous single stream)"),
         Binding("u", "undo", "Undo", id="undo", tooltip="Undo pending flag changes"),
         Binding("d", "diff", "Diff", id="diff", tooltip="Pending command line against the running one"),
@@ -187,6 +193,8 @@ class DashboardScreen(Screen[None]):
         Binding("B", "mark_baseline", "Baseline", id="baseline", tooltip="Mark the running config as the baseline"),
         Binding("a", "ab", "A/B", id="ab", tooltip="A/B: baseline (A) vs pending flags (B), relaunching each"),
         Binding("h", "history", "History", id="history", tooltip="Past benchmarks and A/B runs"),
+        Binding("t", "tune", "Tune", id="tune", show=False,
+                tooltip="Race the profile's [tune] candidates over its request shapes (tunedash tune)"),
     ]
 
     APP_BINDINGS: ClassVar[list[Binding]] = [
@@ -369,6 +377,9 @@ class DashboardScreen(Screen[None]):
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:
         view = server_view(life, self.session.server_version, now_s, self._page_cache)
+        progress = progress_view(self.session.launch_progress())  # a launch or relaunch under way: bar and ETA
+        if progress is not None:
+            view = replace(view, progress=progress)
         self.query_one(ServerPanel).data = (view, now_s)
 
     def _push_header(self, now_wall: float | None = None) -> None:
@@ -380,7 +391,9 @@ class DashboardScreen(Screen[None]):
                 else session.profile.backend)
         alarm = session.acceptance.alarm  # in words, never in colour only (NO_COLOR)
         accept = f" · {alarm.header()}" if alarm is not None else ""
-        app.sub_title = f"{base}{accept}{probe}{busy}{connection_note(session.connection, now_wall)}"
+        scheduler = session.host.scheduler_line()  # a Slurm allocation: its job, node and time left
+        sched = f" · {scheduler}" if scheduler else ""
+        app.sub_title = f"{base}{accept}{sched}{probe}{busy}{connection_note(session.connection, now_wall)}"
 
     def push_flags(self) -> None:
         """The Flags panel now (a key or the advisor changed the pending flags)."""
@@ -457,6 +470,8 @@ class DashboardScreen(Screen[None]):
             return f"read-only: {WATCHER_REFUSES[action]}, so it is off here{self._how_to_drive()}"
         if action == "ab" and session.readonly:
             return f"read-only session: A/B relaunches the server, so it is disabled{self._how_to_drive()}"
+        if action == "tune" and session.readonly:
+            return f"read-only session: a tune relaunches the server, so it is disabled{self._how_to_drive()}"
         if action == "press_toggle" and parameters and self.tuning_flags_only:
             toggle = session.profile.toggle(str(parameters[0]))
             for flag in toggle.flags if toggle is not None else ():
@@ -588,6 +603,19 @@ class DashboardScreen(Screen[None]):
                                           "The GPUs then hold nothing: the next launch loads the weights from disk.",
                                           yes_label="Kill all"), answered)
 
+    def action_warm(self) -> None:
+        """Warm mode on/off from the next relaunch; says why not where discovery found no weight cache."""
+        try:
+            text = self.session.toggle_warm()
+        except WarmRefused as exc:
+            self.notify(f"warm mode unavailable: {exc}", severity="warning", timeout=6)
+            return
+        except ReadOnlyError as exc:
+            self._refuse(str(exc))
+            return
+        self.notify(text, timeout=4)
+        self.refresh_view()
+
     def action_confirm_free(self) -> None:
         self.command("confirm free", self.session.confirm_free)
 
@@ -622,6 +650,9 @@ class DashboardScreen(Screen[None]):
 
     def action_history(self) -> None:
         bench.open_history(self)
+
+    def action_tune(self) -> None:
+        tune.start_tune(self)
 
     def action_advise(self) -> None:
         self.run_worker(advisor.advise(self), name="advise", exit_on_error=False)

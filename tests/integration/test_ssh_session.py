@@ -5,6 +5,8 @@ left behind on the host), and who drives (read-only for a second person, take-ov
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,40 @@ async def test_reattach_recover_and_take_over(sshd: Sshd, ssh_profile) -> None:
     await host.close()
     # Quitting never touched the server.
     assert alive(pid)
+
+
+async def test_a_follower_ends_when_its_host_is_closed(sshd: Sshd) -> None:
+    """close() with a log follower still running: the follower ends with HostClosed instead of waking at once,
+    forever, on a connection that will never come back (before: a busy loop of failed commands)."""
+    from app.core.hosts.ssh import HostClosed
+
+    folder = Path(tempfile.mkdtemp(prefix="tunedash-follow-"))  # the SSH test user reads it (pytest's is private)
+    folder.chmod(0o777)  # noqa: ASYNC240 - test setup, before any task runs
+    path = folder / "log.txt"
+    path.write_text("one\n")
+    path.chmod(0o666)
+    host = SshHost(sshd.spec, state_dir=str(folder / "state"), options=sshd.options())
+    seen: list[str] = []
+    calls = 0
+    real_connection = host._connection
+
+    async def counted():  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return await real_connection()
+
+    host._connection = counted  # type: ignore[method-assign]
+
+    async def follow() -> None:
+        async for line in host.follow(str(path)):
+            seen.append(line)
+
+    task = asyncio.create_task(follow())
+    await until(lambda: seen == ["one"], 10, "the first line")
+    await host.close()
+    with pytest.raises(HostClosed):
+        await asyncio.wait_for(task, 5)
+    before = calls
+    await asyncio.sleep(0.3)
+    assert calls == before  # nothing keeps asking for the connection
+    shutil.rmtree(folder, ignore_errors=True)

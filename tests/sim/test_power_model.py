@@ -54,7 +54,9 @@ def test_three_steps_use_less_energy_per_token_than_one(batch: int) -> None:
 
     one, three = joules_per_token(1), joules_per_token(3)
     assert three < one
-    assert 0.6 < three / one < 0.85  # about the throughput gain less the extra draw of the longer verify
+    # about the throughput gain less the extra draw of the longer verify; the gain shrinks as the batch grows
+    # (verify compute grows with batch: speed_model.toml, verify_batch_ms_per_draft_token): ~0.72 / 0.77 / 0.87
+    assert 0.6 < three / one < {1: 0.8, 4: 0.85, 16: 0.92}[batch]
 
 
 def _hold_both(reaper: GroupReaper, env: dict[str, str], state: Path) -> None:

@@ -101,3 +101,44 @@ def test_resolution_messages() -> None:
     adjusted = "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
     assert adjusted in msgs
     assert args["max_running_requests"] == 48
+
+
+def _tok_s(steps: int, batch: int, context: float) -> float:
+    spec = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps)) if steps else ()
+    return model(*spec).mean_stream_tok_s(batch, context)
+
+
+def _best_steps(batch: int, context: float) -> int:
+    return max(range(8), key=lambda k: _tok_s(k, batch, context))
+
+
+def test_the_optimum_moves_with_the_shape_as_published() -> None:
+    # speed_model.toml's sources: best MTP steps ~4 at batch 1 and ~2 at batch 64 (SGLang PR #22246); the
+    # speedup ~2.3x at 1K context falling to 1.1-1.26x at 50K (intel/llm-scaler #657), a loss at long context
+    # with several streams (vLLM #47277, #47602)
+    assert _best_steps(1, 1000) == 4
+    assert _best_steps(64, 1000) == 2
+    assert _best_steps(1, 50_000) == 2
+    assert _best_steps(4, 32_000) == 0  # speculation loses
+    assert 2.0 <= _tok_s(4, 1, 1000) / _tok_s(0, 1, 1000) <= 2.5
+    assert 1.1 <= _tok_s(4, 1, 50_000) / _tok_s(0, 1, 50_000) <= 1.26
+    assert _tok_s(4, 1, 120_000) < _tok_s(0, 1, 120_000)  # four steps are slower than none at 120K
+
+
+def test_context_and_batch_enter_the_step_cost() -> None:
+    m = model("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    per_ktok = P["kv_ms_per_ktok"] + m.draft_tokens * P["spec_kv_ms_per_ktok"]
+    assert m.mean_step_ms(2, 10_000) - m.mean_step_ms(2, 0) == pytest.approx(2 * 10 * per_ktok)
+    plain = model()
+    assert plain.mean_step_ms(2, 10_000) - plain.mean_step_ms(2, 0) == pytest.approx(2 * 10 * P["kv_ms_per_ktok"])
+    # verifying the drafts of more streams than the knee costs per draft token and stream
+    knee = int(P["verify_batch_knee"])
+    grow = P["batch_cost"] * (P["draft_step_ms"] * 3 + P["verify_per_draft_token_ms"] * 3)
+    extra = m.mean_step_ms(knee + 10) - m.mean_step_ms(knee) - 10 * grow
+    plain_extra = plain.mean_step_ms(knee + 10) - plain.mean_step_ms(knee)
+    assert extra - plain_extra == pytest.approx(10 * 3 * P["verify_batch_ms_per_draft_token"])
+
+
+def test_calibration_holds_at_the_demo_bench_context() -> None:
+    # the demo's [bench]: 256 input + 128 output tokens, so about 320 tokens of context on average
+    assert 35 <= _tok_s(1, 1, 320) <= 40 and 50 <= _tok_s(3, 1, 320) <= 57

@@ -62,6 +62,9 @@ class FakeHost:
     async def http_base(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
 
+    async def time_left_s(self) -> float | None:
+        return None  # no scheduler ends this host (a Slurm allocation's fit check: tests/integration/test_slurm_cli)
+
 
 class FakeLifecycle:
     """A duck-typed ServerOwner: relaunch switches the fake server's speed; may crash an arm.

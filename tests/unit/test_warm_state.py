@@ -60,7 +60,7 @@ def test_the_warm_key(tmp_path: Path) -> None:
         load_profile(bad)
     custom = tmp_path / "c.toml"
     custom.write_text('backend = "custom"\ncommand = ["x"]\nready_regex = "up"\nwarm = true\n')
-    with pytest.raises(ProfileError, match=r"c\.toml: warm: a custom command has no weight cache daemon"):
+    with pytest.raises(ProfileError, match=r"c\.toml: warm: a custom profile names its daemon: replace warm = true"):
         load_profile(custom)
 
 

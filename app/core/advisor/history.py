@@ -1,7 +1,9 @@
 """"Slower than before?": the best recorded run of the same model, host and request shape, and its flag diff.
 
-The history (app.core.measure.store) holds bench runs (one arm, "running") and A/B runs (one arm per
-configuration). A reference is one arm of one finished run, ranked by output tok/s per stream (the run's
+The history (app.core.measure.store) holds bench runs (one arm, "running"), A/B runs (one arm per
+configuration) and tune runs (one arm per candidate, measured at each of the run's request shapes: the run counts
+at every shape it measured, its candidates at that shape with their launches' mean total tok/s).
+A reference is one arm of one finished run, ranked by output tok/s per stream (the run's
 output tok/s over its concurrency) among runs of the same model and backend on the same host at the same
 request shape. The diff against the running server's flags lists first the flags whose effect the history
 measured (an A/B run whose arms differ in that flag: its B/A ratio and interval), then the known-impact flags,
@@ -152,10 +154,55 @@ def _done_rows(store: HistoryStore, *, model: str, backend: str, hosts: Iterable
                 or not isinstance(bench, dict)):
             continue
         try:
-            by_shape.setdefault(shape_of(bench), []).append(row)
+            for shape in _run_shapes(row, bench):
+                by_shape.setdefault(shape, []).append(row)
         except TypeError:  # a shape value that is not hashable (a list in a hand-edited row): not comparable
             continue
     return by_shape
+
+
+def _tune_shape(bench: Mapping[str, Any], entry: object) -> tuple[Any, ...] | None:
+    """One request shape of a tune run (its params' "shapes" entry) in a bench's form, or None when unreadable."""
+    if not isinstance(entry, dict):
+        return None
+    return shape_of({**bench, "concurrency": entry.get("concurrency"), "input_len": entry.get("input_len"),
+                     "max_tokens": entry.get("output_len")})
+
+
+def _run_shapes(row: RunRow, bench: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """The request shapes a run measured: a bench's or an A/B's one; each shape of a tune run (every launch of a
+    tune measures all of them)."""
+    if row.kind != "tune":
+        return [shape_of(bench)]
+    shapes = row.params.get("shapes") if isinstance(row.params, dict) else None
+    found = [s for entry in shapes if (s := _tune_shape(bench, entry)) is not None] if isinstance(shapes, list) else []
+    return found or [shape_of(bench)]
+
+
+def _tune_references(run: RunRow, shape: tuple[Any, ...] | None, concurrency: int) -> list[Reference]:
+    """A tune run's candidates at `shape` (the board of that shape in its summary), each with its launches' mean
+    total output tok/s."""
+    bench = run.params.get("bench")
+    summary = run.summary or {}
+    flags = {arm.label: arm.flags for arm in run.arms}
+    found = []
+    for board in summary.get("shapes") or []:
+        if not isinstance(board, dict) or not isinstance(bench, dict):
+            continue
+        try:
+            if shape is not None and _tune_shape(bench, board) != shape:
+                continue
+        except TypeError:
+            continue
+        at = int(_number(board.get("concurrency")) or concurrency)
+        for row in board.get("rows") or []:
+            value = _number(row.get("total_tok_s")) if isinstance(row, dict) else None
+            label = row.get("candidate") if isinstance(row, dict) else None
+            if value is not None and label in flags:
+                found.append(Reference(run.id, run.kind, str(label), value, max(1, at), flags[str(label)],
+                                       run.profile))
+        break
+    return found
 
 
 def _full(store: HistoryStore, rows: Iterable[RunRow]) -> list[RunRow]:
@@ -166,14 +213,19 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def references(runs: Iterable[RunRow]) -> list[Reference]:
-    """Every arm of `runs` with a measured output tok/s."""
+def references(runs: Iterable[RunRow], shape: tuple[Any, ...] | None = None) -> list[Reference]:
+    """Every arm of `runs` with a measured output tok/s (a tune run's candidates at `shape`, or at its own shape
+    when None)."""
     found = []
     for run in runs:
         bench = run.params.get("bench")
         concurrency = int(_number(bench.get("concurrency") if isinstance(bench, dict) else None) or 1)  # a row's JSON
         concurrency = concurrency if 1 <= concurrency <= 1 << 20 else 1
         summary = run.summary or {}
+        if run.kind == "tune":
+            found.extend(_tune_references(run, shape if shape is not None else (
+                shape_of(bench) if isinstance(bench, dict) else None), concurrency))
+            continue
         if run.kind == "bench":
             value = _number(summary.get("output_tok_s"))
             if value is not None and run.arms:
@@ -216,11 +268,11 @@ def recorded_history(store: HistoryStore, *, model: str, backend: str, hosts: It
     shapes = [ShapeRuns(dict(zip(SHAPE_KEYS, shape, strict=True)), len(by_shape[shape])) for shape in others]
     nearest = None
     for index, shape in enumerate(others):  # the nearest shape with a measured arm
-        best = fastest(references(_full(store, by_shape[shape])))
+        best = fastest(references(_full(store, by_shape[shape]), shape))
         if best is not None:
             nearest = shapes[index] = ShapeRuns(shapes[index].shape, shapes[index].runs, best)
             break
-    return RecordedHistory(references(runs), measured_effects(runs), tuple(shapes), nearest,
+    return RecordedHistory(references(runs, asked), measured_effects(runs), tuple(shapes), nearest,
                            dict(zip(SHAPE_KEYS, asked, strict=True)))
 
 

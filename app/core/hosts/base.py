@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.core.data import ConnectionState
+from app.core.data import ConnectionState, EventLevel
 from app.core.errors import TunedashError
 from app.core.hosts.argv_limits import ARG_MAX_FALLBACK, PROGRAM_SCRIPT, argv_size_problem
 from app.core.hosts.procfs import ProcessInfo, group_alive_in
@@ -102,6 +102,16 @@ def parse_age(text: str) -> PathAge | None:
     now = int(now_whole) + (float(f"0.{now_fraction}") if now_fraction.isdigit() else 0.0)
     mtime = int(parts[2]) + (float(f"0.{mtime_fraction}") if mtime_fraction.isdigit() else 0.0)
     return PathAge(now - mtime, parts[0] == "1")
+
+
+@dataclass(frozen=True)
+class SchedulerStep:
+    """One of tunedash's steps a cluster scheduler lists (Slurm: squeue's step id, name, node, time running)."""
+
+    step: str
+    name: str
+    node: str
+    elapsed: str
 
 
 class HostError(TunedashError):
@@ -343,6 +353,25 @@ class Host(abc.ABC):
         """Be told of connection changes (remote hosts only; a local host never calls it); returns the function
         that unsubscribes, which whoever subscribed calls when it closes."""
         return _nothing_to_undo
+
+    def subscribe_notices(self, listener: Callable[[str, EventLevel], None]) -> Unsubscribe:
+        """Be told what the host's scheduler says that a person should hear (a Slurm allocation's time running out)
+        as (text, level); returns the unsubscribe. Hosts without a scheduler never call it."""
+        return _nothing_to_undo
+
+    def scheduler_line(self) -> str | None:
+        """One short line on the allocation this host lives in ("slurm 42 on node1: RUNNING, 12:03 left"), from
+        what was last read (no I/O); None on a host without a scheduler."""
+        return None
+
+    async def scheduler_steps(self) -> list[SchedulerStep]:
+        """tunedash's servers as the scheduler lists them, every allocation of this user (the fleet shows one row
+        per step); [] on a host without a scheduler. Never allocates anything."""
+        return []
+
+    async def time_left_s(self) -> float | None:
+        """Seconds until the host's allocation ends; None when nothing ends it (no scheduler, no time limit)."""
+        return None
 
     @property
     def connection_listeners(self) -> int:

@@ -65,6 +65,10 @@ WATCHDOG = 'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM 0) >/dev/null 2>&1 <
 LOGIN_COMMAND = "exec /bin/sh -s"
 READ_CHUNK = 65536  # stream_lines reads the channel in chunks this size; LineCutter makes the lines
 BACKOFF_S = (1.0, 30.0)
+class HostClosed(HostError):
+    """The SshHost was closed on purpose: no reconnect will come."""
+
+
 FINAL = (HostKeyChanged, HostKeyUnknown, LoginRefused)  # a retry cannot fix these: "failed", no more attempts
 
 
@@ -145,6 +149,8 @@ class SshHost(Host):
     async def _connection(self) -> asyncssh.SSHClientConnection:
         if self._conn is not None:
             return self._conn
+        if self._closing:  # closed on purpose: nothing reconnects, so a caller must not wait for it
+            raise HostClosed(f"{self.name}: the connection was closed")
         if self._failed is not None:
             raise self._failed
         if self._ever_connected:
@@ -219,7 +225,10 @@ class SshHost(Host):
                 break
 
     async def wait_connected(self) -> None:
-        """Until the connection is back (raises the permanent failure if reconnecting gave up)."""
+        """Until the connection is back (raises the permanent failure if reconnecting gave up, HostClosed once
+        close() was called: a follower would otherwise wake at once forever)."""
+        if self._closing:
+            raise HostClosed(f"{self.name}: the connection was closed")
         if self._conn is None and not self._ever_connected:
             await self._connection()
             return

@@ -259,13 +259,39 @@ def _logs(launches: list[list[float]]) -> list[float] | None:
     return [math.log(m) for m in means]
 
 
-def _pooled_sd(ya: list[float], yb: list[float]) -> float | None:
-    df = len(ya) + len(yb) - 2
+def _pooled_sd(*ys: list[float]) -> float | None:
+    """The pooled sd of several groups' values about their own means (df = sum of len - 1); None at df 0."""
+    df = sum(len(y) - 1 for y in ys if y)
     if df < 1:
         return None
-    ma, mb = statistics.fmean(ya), statistics.fmean(yb)
-    ss = sum((y - ma) ** 2 for y in ya) + sum((y - mb) ** 2 for y in yb)
+    ss = 0.0
+    for y in ys:
+        if y:
+            m = statistics.fmean(y)
+            ss += sum((v - m) ** 2 for v in y)
     return math.sqrt(ss / df)
+
+
+@dataclass(frozen=True)
+class LaunchSpread:
+    """The sd of one log launch mean pooled over several configs (floored by their trials), with its df."""
+
+    sd: float
+    df: float
+
+
+def pooled_launch_spread(arms: list[list[list[float]]]) -> LaunchSpread | None:
+    """One launch-to-launch spread for many configs measured the same way: the pooled sd of their log launch means
+    (df = sum of L_i - 1, configs with one launch add none), never below the trials' floor; None at df 0.
+
+    The same assumption launch_ratio_stats makes between two arms (multiplicative launch noise of one size for
+    every config), extended to k configs: the one-way ANOVA error term on the log scale."""
+    logs = [y for y in (_logs(a) for a in arms) if y]
+    sp = _pooled_sd(*logs)
+    if sp is None:
+        return None
+    floor = _trial_floor_sd([launch for a in arms for launch in a])
+    return LaunchSpread(sp if floor is None else max(sp, floor), float(sum(len(y) - 1 for y in logs)))
 
 
 def _trial_floor_sd(launches: list[list[float]]) -> float | None:
@@ -295,21 +321,33 @@ def _launch_sd(a: list[list[float]], b: list[list[float]], ya: list[float], yb: 
     return sp if floor is None else max(sp, floor)
 
 
-def launch_ratio_stats(a: list[list[float]], b: list[list[float]]) -> RatioStats:
-    """B/A from launch means (geometric), with the pooled t interval on their logs (df = L_A + L_B - 2)."""
+def launch_ratio_stats(a: list[list[float]], b: list[list[float]], *, confidence: float = CONFIDENCE,
+                       spread: LaunchSpread | None = None) -> RatioStats:
+    """B/A from launch means (geometric), with the pooled t interval on their logs (df = L_A + L_B - 2).
+
+    `confidence`: the two-sided level of the interval (0.95 by default; the racing rule of app.core.tune asks
+    for 2c - 1 to read a one-sided bound at c). The field is still called ci95 whatever the level.
+    `spread`: a launch spread pooled over more configs (pooled_launch_spread) to use instead of the two arms'
+    own, with its df."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1) (got {confidence})")
     ya, yb = _logs(a), _logs(b)
     if ya is None or yb is None:
         return RatioStats(None, None, None)
     d = statistics.fmean(yb) - statistics.fmean(ya)
     ratio = math.exp(d)
-    sp = _launch_sd(a, b, ya, yb)
+    if spread is not None:
+        sp: float | None = spread.sd
+        df = spread.df
+    else:
+        sp = _launch_sd(a, b, ya, yb)
+        df = float(len(ya) + len(yb) - 2)
     if sp is None:
         return RatioStats(ratio, None, None)
-    df = float(len(ya) + len(yb) - 2)
     se = sp * math.sqrt(1 / len(ya) + 1 / len(yb))
     if se == 0.0:
         return RatioStats(ratio, (ratio, ratio), df)
-    half = t_quantile(0.5 + CONFIDENCE / 2, df) * se
+    half = t_quantile(0.5 + confidence / 2, df) * se
     return RatioStats(ratio, (math.exp(d - half), math.exp(d + half)), df)
 
 

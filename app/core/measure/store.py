@@ -11,7 +11,9 @@ the last transactions, never corrupt the file). Several tunedash processes may w
 Tables: runs (one bench or ab run), arms (label, overrides, the effective flags), launches (argv, the
 profile's flags, the server's own resolved flags, phase times, outcome, launch_idx: the launch's place within
 its arm), trials (one value per trial: output tok/s, plus its summary, acceptance length and launch_idx),
-requests (every request of every trial).
+requests (every request of every trial), launch_phases (every launch and relaunch that reached READY: its
+config and weight-cache state, each phase's begin offset, its total: the ETA of the next one,
+app.core.server.progress; created by PHASE_SCHEMA on open, so older files get it without a version change).
 
 Schema versions (PRAGMA user_version): 1 had no launch_idx; 2 adds `launch_idx INTEGER NOT NULL DEFAULT 0` to
 trials and launches (an A/B arm runs several launches). Opening a version-1 file adds the columns in place
@@ -36,6 +38,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from app.core import jsontext
 from app.core.errors import TunedashError
+from app.core.server.progress import RunRecord
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
@@ -83,6 +86,18 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS trials_run ON trials(run_id);
 CREATE INDEX IF NOT EXISTS requests_trial ON requests(trial_id);
+"""
+
+PHASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS launch_phases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    config_key TEXT NOT NULL, weights_key TEXT NOT NULL,
+    cache TEXT NOT NULL,                -- cold | fill | warm
+    profile TEXT NOT NULL, host TEXT NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL,
+    offsets TEXT NOT NULL, phase_times TEXT NOT NULL, total_s REAL NOT NULL, weights_s REAL
+);
+CREATE INDEX IF NOT EXISTS launch_phases_profile ON launch_phases(profile, host, cache, at);
+CREATE INDEX IF NOT EXISTS launch_phases_weights ON launch_phases(weights_key, at);
 """
 
 # Columns added after version 1, per table: (column, its declaration). Added to an older file when it opens.
@@ -265,6 +280,18 @@ def _text(value: object, *, optional: bool = False) -> str | None:
     return value
 
 
+def _phase_dict(text: object) -> dict[str, float]:
+    """A launch_phases JSON column: phase -> seconds, every value a finite number."""
+    data = _json_dict(text)
+    out: dict[str, float] = {}
+    for key, value in (data or {}).items():
+        number = _number(value)  # raises BadRow for anything but a finite number
+        if number is None:
+            raise BadRow(f"phase {str(key)[:40]!r}: no seconds")
+        out[str(key)] = number
+    return out
+
+
 def _serialised(method: Callable[P, T]) -> Callable[P, T]:
     """One call at a time on the store's one connection (its `_lock`), from the loop or a thread worker."""
     @functools.wraps(method)
@@ -295,6 +322,7 @@ class HistoryStore:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
+            self.db.executescript(PHASE_SCHEMA)
             self._migrate()
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the history database ({exc}); "
@@ -362,6 +390,44 @@ class HistoryStore:
              None if server_flags is None else json.dumps(server_flags, default=str), json.dumps(phase_times),
              outcome, launch_idx),
         )
+
+    @_serialised
+    def add_phase_run(self, run: RunRecord) -> None:
+        """One launch or relaunch that reached READY (app.core.server.progress.PhaseTracker)."""
+        self.db.execute(
+            "INSERT INTO launch_phases (config_key, weights_key, cache, profile, host, kind, at, offsets, "
+            "phase_times, total_s, weights_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run.config_key, run.weights_key, run.cache, run.profile, run.host, run.kind, run.at,
+             json.dumps(run.offsets), json.dumps(run.phase_times), run.total_s, run.weights_s),
+        )
+
+    def _phase_rows(self, where: str, params: tuple[Any, ...], limit: int) -> list[RunRecord]:
+        rows = self.db.execute(
+            "SELECT config_key, weights_key, cache, profile, host, kind, offsets, phase_times, total_s, weights_s, "
+            f"at FROM launch_phases WHERE {where} ORDER BY at DESC LIMIT ?", (*params, limit)).fetchall()
+        out = []
+        for row in rows:
+            try:
+                offsets = _phase_dict(row[6])
+                times = _phase_dict(row[7])
+                total = _number(row[8])
+                if total is None:
+                    raise BadRow("no total")
+                out.append(RunRecord(str(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), str(row[5]),
+                                     offsets, times, total, _number(row[9]), _epoch(row[10]) or 0.0))
+            except BadRow as exc:
+                self._skip("launch_phases row", exc)
+        return out
+
+    @_serialised
+    def phase_runs(self, *, profile: str, host: str, cache: str, limit: int = 20) -> list[RunRecord]:
+        """The newest runs of `profile` on `host` with the weight cache in state `cache`, newest first."""
+        return self._phase_rows("profile = ? AND host = ? AND cache = ?", (profile, host, cache), limit)
+
+    @_serialised
+    def weights_runs(self, weights_key: str, limit: int = 20) -> list[RunRecord]:
+        """The newest runs that loaded the same weights (progress.weights_key), any cache state, newest first."""
+        return self._phase_rows("weights_key = ?", (weights_key,), limit)
 
     @_serialised
     def add_trial(self, run_id: int, arm_idx: int, trial_idx: int, *, value: float | None, summary: dict[str, Any],

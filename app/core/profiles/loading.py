@@ -29,7 +29,11 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                                                              default: unset (python -m module)
     warm        bool       keep the weights in the backend's weight cache daemon across relaunches (SGLang
                            0.5.23+ `--weight-cache-mode client`, vLLM `ipc_cache` + `vllm preload`;
-                           app.core.server.warm); not for custom        default: false
+                           app.core.server.warm); for custom, a [warm] table instead   default: false
+    [warm]      backend = "custom" only: the daemon tunedash starts first and keeps across relaunches
+                daemon = [argv] (placeholders as in command), ready_regex = "a line of its log" and/or
+                ready_file = "/abs/path it writes once ready" (newer than its start), client_args = [argv
+                items after command when warm]; its cache key is the daemon's rendered argv
     extra_args  [str]      argv items passed verbatim after the flags (flags the catalog does not know;
                            `tunedash adopt` writes them and lists them in a comment)   default: []
     [flags]     flag = value, full flag names without "--" (aliases accepted and normalised); values
@@ -50,6 +54,8 @@ Profile TOML schema (every key; anything else is an error naming the file and th
                 "completions"), seed (0),
                 slo_ttft_ms, slo_tpot_ms (numbers of ms, unset: no goodput): a request meets the SLOs
                 when its TTFT and its time per output token are at most these; goodput = such requests/s
+    [tune]      what `tunedash tune` races: [tune.flags] (flag = [values]), [tune.toggles] (key = [state names]),
+                shapes, exclude, objective, constraints, budget; every key in app.core.profiles.tune_table
 
 backend = "custom" (any server: TGI, llama.cpp, your own; or a stand-in such as scripts/gpu_hog.py):
 

@@ -17,7 +17,9 @@ from app.core.data import BACKENDS, Backend, FlagValue, one_of
 from app.core.flags.catalog import FlagSpec
 from app.core.flags.toggles import Toggle, default_toggles, flip, merge_toggles
 from app.core.flags.values import CUSTOM, FlagError, check_value, lookup_flag, unknown_flag_message
-from app.core.profiles.types import BenchSettings, Profile, ProfileError
+from app.core.hosts.slurm_request import SlurmRequest, read_slurm_table, slurm_login
+from app.core.profiles.tune_table import TuneReader
+from app.core.profiles.types import BenchSettings, CustomDaemon, Profile, ProfileError
 
 DEFAULT_MODULES = {
     ("sim", "sglang"): "app.sim.sglang",
@@ -32,6 +34,7 @@ ENDPOINTS = ("completions", "chat")
 PLACEHOLDERS = ("port", "model", "python", "profile_dir")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CUSTOM_KEYS = ("command", "ready_regex", "health_url")
+WARM_KEYS = ("daemon", "ready_regex", "ready_file", "client_args")  # a custom profile's [warm] table
 T = TypeVar("T")
 _MISSING: Any = object()  # a value that did not read (its problem is kept)
 
@@ -43,7 +46,7 @@ class ProfileReader:
 
     TOP_KEYS = ("name", "description", "host", "backend", "python", "module", "model", "port", "gpus", "env",
                 "sim_state", "sim_version", "sim_gpus", "ready_timeout", "flags", "toggles", "bench", "script",
-                "extra_args", "warm", *CUSTOM_KEYS)
+                "extra_args", "warm", "tune", "slurm", *CUSTOM_KEYS)
     TOGGLE_KEYS = ("label", "cycle", "flip", "set", "values", "value", "names", "default", "requires", "help")
 
     def __init__(self, source: Path) -> None:
@@ -102,6 +105,7 @@ class ProfileReader:
                 got[key] = self.attempt(_MISSING, self.typed, data, key, kind)
         got = {key: value for key, value in got.items() if value is not _MISSING}
         host = self.attempt("local", self.host, got.get("host", "local"))
+        slurm = self.slurm(host, got.get("slurm"))
         flags = self.flags(got.get("flags", {}), backend)
         no_custom: dict[str, Any] = {}
         custom = self.attempt(no_custom, self.custom, got, backend)
@@ -120,9 +124,8 @@ class ProfileReader:
         sim_state = got.get("sim_state")
         own_toggles = self.toggles(got.get("toggles", {}), backend)
         ready_timeout = got.get("ready_timeout", 600)
-        if got.get("warm") is True and backend == CUSTOM:
-            self.problems.append("warm: a custom command has no weight cache daemon tunedash knows; remove warm or use "
-                                 "backend = \"sglang\" or \"vllm\"")
+        not_warm: tuple[bool, CustomDaemon | None] = (False, None)
+        warm, daemon = self.attempt(not_warm, self.warm, data, got, backend)
         if ready_timeout < 1:
             self.problems.append(f"ready_timeout: expected seconds to wait for READY (1 or more), got {ready_timeout}")
         name = self.attempt("", self.name, got)
@@ -132,6 +135,8 @@ class ProfileReader:
         bench = self.bench(got.get("bench", {}))
         script = self.attempt(none, self.strings, got, "script", backend)
         extra_args = self.attempt(none, self.strings, got, "extra_args", backend)
+        toggles = merge_toggles(default_toggles(backend), own_toggles)
+        tune = TuneReader(self, backend, toggles, bench).read(got["tune"]) if "tune" in got else None
         if self.problems:
             raise self.collected()
         return Profile(
@@ -145,7 +150,7 @@ class ProfileReader:
             gpus=gpus,
             env=env,
             flags=flags,
-            toggles=merge_toggles(default_toggles(backend), own_toggles),
+            toggles=toggles,
             own_toggles=own_toggles,
             ready_timeout_s=float(ready_timeout),
             bench=bench,
@@ -156,7 +161,10 @@ class ProfileReader:
             description=got.get("description", ""),
             script=script,
             extra_args=extra_args,
-            warm=got.get("warm", False),
+            warm=warm,
+            daemon=daemon,
+            tune=tune,
+            slurm=slurm,
             **custom,
         )
 
@@ -212,6 +220,65 @@ class ProfileReader:
                     raise self.fail(where, f"uses {{{name}}} but the profile sets no {name}; add {name} = ...")
         return {"command": tuple(command), "ready_regex": ready_regex, "health_url": health_url}
 
+    def warm(self, data: Mapping[str, Any], got: Mapping[str, Any], backend: str) -> tuple[bool, CustomDaemon | None]:
+        """`warm = true` (sglang, vllm: tunedash knows their daemon) or a custom profile's [warm] table naming its
+        daemon's command and readiness: (warm, the custom daemon or None)."""
+        if "warm" not in data:
+            return False, None
+        value = data["warm"]
+        if isinstance(value, bool):
+            if value and backend == CUSTOM:
+                raise self.fail("warm", "a custom profile names its daemon: replace warm = true with a [warm] table, "
+                                "daemon = [\"program\", \"arg\", ...] and ready_regex = \"...\" or ready_file = "
+                                "\"/path\"")
+            return value, None
+        if not isinstance(value, dict):
+            raise self.fail("warm", f"expected true or false, got {_describe(value)} (backend = \"custom\": a [warm] "
+                            "table naming its daemon)")
+        if backend != CUSTOM:
+            raise self.fail("warm", f"a [warm] table names a custom profile's daemon; the {backend} backend's daemon "
+                            "is known: write warm = true")
+        self.unknown_keys(value, WARM_KEYS, "warm.")
+        if "daemon" not in value:
+            raise self.fail("warm.daemon", "missing; name the daemon's command, daemon = [\"program\", \"arg\", ...]")
+        command = self.argv_list(value, "daemon", "warm.")
+        client_args = self.argv_list(value, "client_args", "warm.") if "client_args" in value else ()
+        ready_regex = self.typed(value, "ready_regex", str, "warm.") if "ready_regex" in value else ""
+        ready_file = self.typed(value, "ready_file", str, "warm.") if "ready_file" in value else ""
+        if not ready_regex and not ready_file:
+            raise self.fail("warm.ready_regex", "the daemon needs a ready signal: ready_regex (a line of its log) "
+                            "and/or ready_file (a file it writes once ready, e.g. \"/tmp/daemon.ready\")")
+        if ready_regex:
+            try:
+                re.compile(ready_regex)
+            except re.error as exc:
+                raise self.fail("warm.ready_regex", f"not a valid regular expression: {exc}") from None
+        if ready_file and not ready_file.startswith(("/", "{profile_dir}")):
+            raise self.fail("warm.ready_file", f"expected an absolute path on the host (or one under "
+                            f"{{profile_dir}}), got {ready_file!r}")
+        items = [*(("warm.daemon", i, item) for i, item in enumerate(command)),
+                 *(("warm.client_args", i, item) for i, item in enumerate(client_args)), ("warm.ready_file", None,
+                                                                                           ready_file)]
+        for key, i, text in items:
+            where = key if i is None else f"{key}[{i}]"
+            for name in PLACEHOLDER.findall(text):
+                if name not in PLACEHOLDERS:
+                    raise self.fail(where, f"unknown placeholder {{{name}}}; only "
+                                    f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} are substituted")
+                if name in ("port", "model") and name not in got:
+                    raise self.fail(where, f"uses {{{name}}} but the profile sets no {name}; add {name} = ...")
+        return True, CustomDaemon(command, ready_regex, ready_file, client_args)
+
+    def argv_list(self, table: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...]:
+        """A non-empty list of strings (an argv), or its error naming `prefix + key`."""
+        items = self.typed(table, key, list, prefix)
+        if not items and key != "client_args":
+            raise self.fail(prefix + key, "empty; give the program and its arguments, e.g. [\"python3\", \"d.py\"]")
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise self.fail(f"{prefix}{key}[{i}]", f"expected a string (quote it), got {_describe(item)}")
+        return tuple(items)
+
     def strings(self, got: Mapping[str, Any], key: str, backend: str) -> tuple[str, ...]:
         """`script` or `extra_args`: a list of strings, for the sglang and vllm backends (a custom profile's
         `command` holds its whole argv)."""
@@ -262,6 +329,12 @@ class ProfileReader:
     def host(self, host: str) -> str:
         if host in ("sim", "local"):
             return host
+        if host.startswith("slurm:"):
+            try:
+                slurm_login(host)
+            except ValueError as exc:
+                raise self.fail("host", str(exc)) from None
+            return host
         if host.startswith("ssh://"):
             try:
                 parts = urlsplit(host)
@@ -272,8 +345,21 @@ class ProfileReader:
             raise self.fail("host", f"cannot read {host!r}; write ssh://user@host:port (user and port optional)")
         if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
             return host  # an ssh config alias
-        raise self.fail("host", f"expected \"sim\", \"local\", \"ssh://user@host:port\" or an ssh config alias, "
+        raise self.fail("host", f"expected \"sim\", \"local\", \"ssh://user@host:port\", an ssh config alias or "
+                        "\"slurm:local\" / \"slurm://LOGIN\", "
                         f"got {host!r}")
+
+    def slurm(self, host: str, table: dict[str, Any] | None) -> SlurmRequest | None:
+        """The [slurm] table of a `slurm:` host (app.core.hosts.slurm_request); a problem on any other host."""
+        login = slurm_login(host) if host.startswith("slurm:") else None
+        if login is None:
+            if table is not None:
+                self.problems.append("slurm: only a host = \"slurm:local\" or \"slurm://LOGIN\" profile reads a "
+                                     "[slurm] table; remove it or change host")
+            return None
+        request, problems = read_slurm_table(login, table or {})
+        self.problems.extend(problems)
+        return request
 
     def gpus(self, gpus: list[Any]) -> tuple[int, ...]:
         for i, index in enumerate(gpus):
@@ -474,11 +560,11 @@ def _nul_key(value: Any, where: str = "") -> str | None:
 
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_TYPES: dict[str, type] = {"name": str, "description": str, "host": str, "python": str, "module": str,
-                               "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str,
+                               "model": str, "port": int, "gpus": list, "env": dict, "sim_state": str, "slurm": dict,
                                "sim_version": str, "sim_gpus": str, "ready_timeout": int,
                                "flags": dict, "toggles": dict, "bench": dict, "command": list,
                                "ready_regex": str, "health_url": str, "script": list, "extra_args": list,
-                               "warm": bool}
+                               "tune": dict}
 _KIND_NAMES = {str: "a string", int: "an integer", list: "an array", dict: "a table", bool: "true or false"}
 
 

@@ -80,9 +80,21 @@ class ThroughputAdded:
     point: ThroughputPoint | None
 
 
+@dataclass(frozen=True)
+class RunStarted:
+    """A launch or a relaunch began (app.core.server.progress follows it to READY): what it launches, and the
+    weight cache's state for it: "cold" (no weight cache), "fill" (the daemon starts and loads from disk first),
+    "warm" (the running daemon's key matches: the weights come from the cache). `began` is time.monotonic()."""
+
+    kind: str  # "launch" | "relaunch"
+    profile: Profile
+    cache: str
+    began: float
+
+
 # ConnectionChanged (app.core.hosts.base): a remote host's connection was lost / is back / failed.
 LifecycleEvent = (StateChanged | ActionLogged | ServerLogEvent | FreeProgress | ConnectionChanged | Launched
-                  | GpuSampled | ThroughputAdded)
+                  | GpuSampled | ThroughputAdded | RunStarted)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from app.core.data import (
     DecodeStats,
     EventLevel,
     FatalEvent,
+    GpuSnapshot,
     Holder,
     LogEvent,
     LogLine,
@@ -53,11 +54,13 @@ from app.core.server.events import (
     LifecycleEvent,
     LifecycleView,
     Listeners,
+    RunStarted,
     ServerLogEvent,
     StateChanged,
 )
 from app.core.server.health import check_url
-from app.core.server.preflight import LaunchRefused, claim_launch, preflight, refuse_unspawnable
+from app.core.server.preflight import LaunchRefused, claim_launch, fresh_sample, preflight, refuse_unspawnable
+from app.core.server.progress import PhaseTracker
 from app.core.server.release import (
     FreeProgress,
     FreeWatch,
@@ -68,7 +71,7 @@ from app.core.server.release import (
     wait_free,
 )
 from app.core.server.states import LIVE_STATES, STARTING_STATES, phase_durations, state_after, telling_fatal
-from app.core.server.warm import WeightCacheJob, client_argv, warm_refusal
+from app.core.server.warm import WeightCacheJob, client_argv, key_change, key_flags, warm_refusal
 from app.core.server.warm_state import WarmShare, WarmTracker
 from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
@@ -121,6 +124,7 @@ class ServerLifecycle:
         self._warm_tracker: WarmTracker | None = None
         self._warm_seen = asyncio.Event()
         self._watch_baseline: dict[str, int] = {}
+        self._release_sample: GpuSnapshot | None = None  # the release watch's last sample (preflight.fresh_sample)
         self.last_decode: DecodeStats | None = None
         self.health_ok: bool | None = None
         self.server_flags: ServerFlags | None = None  # what the installed server accepts, once discovered
@@ -131,6 +135,7 @@ class ServerLifecycle:
         self.find_adopted: Callable[[], Awaitable[AdoptedServer | None]] | None = None
         self.adopted: AdoptedServer | None = None
         self._marks: dict[str, float] = {}
+        self._in_relaunch = False  # launch() inside relaunch(): the run (RunStarted) began with the kill
         self._attached_times: dict[str, float] | None = None  # a re-attached job's recorded phase times
         # A listener or a background task that fails is said in the event log (and the `tunedash` logger).
         self._listeners = Listeners(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
@@ -139,6 +144,9 @@ class ServerLifecycle:
         self._tasks = TaskOwner(f"{profile.name} lifecycle", on_failure=lambda text: self._say(text, "error"))
         self._record_writes: set[asyncio.Task[Any]] = set()  # close() lets these finish (RECORD_WRITE_WAIT_S)
         self._unsubscribe_connection = host.subscribe_connection(self._on_connection)
+        # each run's progress and ETA, and its phase times into the history once its store_factory is set
+        self.phases = PhaseTracker(None, self._say, self.marks)
+        self._listeners.subscribe(self.phases.on_event)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], *, writes_record: bool = False) -> None:
         task = self._tasks.spawn(coro)
@@ -178,6 +186,29 @@ class ServerLifecycle:
             self._marks.setdefault(state.value, time.monotonic())
         self._emit(StateChanged(state, previous, self.state_since))
         self._state_event.set()
+
+    def marks(self) -> dict[str, float]:
+        """When each state of the run under way began (time.monotonic(), by state value; "BEGIN": the launch or
+        relaunch call, "DAEMON"/"DAEMON_READY": the weight cache daemon's start), a copy: app.core.server.progress."""
+        return dict(self._marks)
+
+    async def cache_state(self, profile: Profile) -> str:
+        """The weight cache's state for a launch of `profile` now (RunStarted): cold, fill or warm."""
+        cache = self.weight_cache(profile)
+        if cache is None:
+            return "cold"
+        try:
+            record = await cache.current()
+        except HostError:
+            return "fill"
+        if record is None or key_change(profile.backend, record.flags, key_flags(profile)):
+            return "fill"
+        return "warm"
+
+    async def _begin_run(self, kind: str, profile: Profile) -> None:
+        began = time.monotonic()
+        self._marks["BEGIN"] = began
+        self._emit(RunStarted(kind, profile, await self.cache_state(profile), began))
 
     @property
     def phase_times(self) -> dict[str, float]:
@@ -282,11 +313,14 @@ class ServerLifecycle:
         """Refuse to launch onto a running job, a taken port or held GPUs, or what the host could not spawn
         (LaunchRefused); the idle baseline."""
         self.refuse_rejected(self.profile)
-        await refuse_unspawnable(self.host, self.profile)
+        if not self._in_relaunch:  # relaunch() asked the host right before its kill
+            await refuse_unspawnable(self.host, self.profile)
         cache = self.weight_cache()
+        recent = fresh_sample(self._release_sample, self.profile.gpus)
+        self._release_sample = None  # one launch's read at most
         try:
             return await preflight(self.host, self.profile, self.telemetry,
-                                   own_pids=await cache.pids() if cache else frozenset())
+                                   own_pids=await cache.pids() if cache else frozenset(), recent=recent)
         except LaunchRefused as exc:
             if cache is None or exc.reason != Reason.GPUS_HELD or not exc.holders:
                 raise
@@ -333,10 +367,25 @@ class ServerLifecycle:
 
     async def launch(self) -> jobs.JobRecord:
         """Start the server detached and watch it. Raises LaunchRefused without starting anything."""
+        try:
+            return await self._launch()
+        except BaseException:
+            if not self._in_relaunch:
+                self.phases.abort()
+            raise
+
+    async def _launch(self) -> jobs.JobRecord:
+        if not self._in_relaunch:
+            for key in ("BEGIN", "DAEMON", "DAEMON_READY", "KILLING", "RELEASING", "FREE", "WARM"):
+                self._marks.pop(key, None)
+        if self.weight_cache() is None:  # warm mode switched off (`w`): this profile's daemon would hold the GPUs
+            await self._stop_daemon_of_cold(self.profile)
         baseline = await self.preflight()
         if self.before_act is not None:  # the driver lock, right before the launch
             await self.before_act("launch")
         profile = self.profile
+        if not self._in_relaunch:
+            await self._begin_run("launch", profile)
         cache = self.weight_cache()
         if cache is not None:  # the daemon first: kept when its cache key matches, else (re)started; then ready
             if await cache.stop_if_stale(profile):  # its memory must be back before the new daemon loads
@@ -344,7 +393,9 @@ class ServerLifecycle:
                 if not freed.confirmed:
                     raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
                                         + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
-            await cache.ensure(profile, profile.ready_timeout_s)
+            await cache.ensure(profile, profile.ready_timeout_s, on_start=self._mark_daemon)
+            if "DAEMON" in self._marks:
+                self._marks["DAEMON_READY"] = time.monotonic()
             profile = self.profile  # the daemon took a while: discovery may have rendered the toggles meanwhile
         argv = client_argv(profile) if cache is not None else launch_argv(profile)
         log_path = jobs.log_path_for(self.host, profile)
@@ -389,6 +440,27 @@ class ServerLifecycle:
         self._emit(Launched(record, profile))
         self._start_watch(record)
         return record
+
+    async def _stop_daemon_of_cold(self, profile: Profile) -> None:
+        """A launch without warm mode stops this profile's running weight cache daemon first (proven ours, as
+        every signal is), and waits for its memory, so the launch's GPU check does not find the GPUs held."""
+        if profile.backend not in ("sglang", "vllm"):
+            return
+        daemon = WeightCacheJob(self.host, profile, self._say)
+        record = await daemon.current()
+        if record is None:
+            return
+        if self.before_act is not None:  # the driver lock, right before the signal
+            await self.before_act("kill")
+        self._say("warm mode is off: stopping the weight cache daemon before the launch")
+        await daemon.stop(record)
+        freed = await self.confirm_free(self.record)
+        if not freed.confirmed:
+            raise LaunchRefused("GPUs did not come free after stopping the weight cache daemon: "
+                                + stuck_text(freed, 0.0), Reason.GPUS_HELD, freed.holders)
+
+    def _mark_daemon(self) -> None:
+        self._marks["DAEMON"] = time.monotonic()
 
     def _reset_run(self) -> None:
         self._attached_times = None
@@ -745,16 +817,19 @@ class ServerLifecycle:
 
     def _watch_free(self, record: jobs.JobRecord | None, daemon_pids: set[int] | None = None) -> FreeWatch:
         def progress(update: FreeProgress) -> None:
-            self.last_free = update.verdict
-            if self._warm_tracker is not None and self._warm_tracker.feed(update.verdict) is not None:
-                self._warm_seen.set()
             self._emit(update)
+
+        def sample(verdict: FreeVerdict, snapshot: GpuSnapshot) -> None:  # every sample, at the watch's pace:
+            self.last_free = verdict  # WARM's two consecutive ones; the launch's GPU read (fresh_sample)
+            self._release_sample = snapshot
+            if self._warm_tracker is not None and self._warm_tracker.feed(verdict) is not None:
+                self._warm_seen.set()
 
         baseline = record.baseline_mib if record else {}
         self._warm_tracker = self._new_warm_tracker(daemon_pids, baseline) if daemon_pids else None
         self._warm_seen = asyncio.Event()
         self._watch_baseline = baseline
-        return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress)
+        return start_free_watch(self.host, self.profile.gpus, self.telemetry, baseline, progress, sample)
 
     def _new_warm_tracker(self, daemon_pids: set[int], baseline: Mapping[str, int]) -> WarmTracker:
         limit = FreeCheck(tuple(self.profile.gpus), {int(k): v for k, v in baseline.items()}).limit
@@ -803,7 +878,15 @@ class ServerLifecycle:
         await refuse_unspawnable(self.host, profile)  # so does one the host could not start (E2BIG, no python)
         if change:
             self._say(f"relaunch: {change}")
+        try:
+            return await self._relaunch(profile, ready_timeout_s)
+        except BaseException:
+            self.phases.abort()
+            raise
+
+    async def _relaunch(self, profile: Profile, ready_timeout_s: float | None) -> ServerState:
         self._marks.clear()
+        await self._begin_run("relaunch", profile)
         verdict = await self.kill(confirm_free=True)
         if verdict is not None and not verdict.confirmed and self.state != ServerState.WARM:
             raise LaunchRefused(
@@ -813,8 +896,12 @@ class ServerLifecycle:
                 verdict.holders,
             )
         self.profile = profile
-        kept = {k: v for k, v in self._marks.items() if k in ("KILLING", "RELEASING", "FREE", "WARM")}
-        await self.launch()
+        kept = {k: v for k, v in self._marks.items() if k in ("BEGIN", "KILLING", "RELEASING", "FREE", "WARM")}
+        self._in_relaunch = True
+        try:
+            await self.launch()
+        finally:
+            self._in_relaunch = False
         self._marks.update(kept)
         return await self.wait_ready(ready_timeout_s)
 
@@ -825,6 +912,7 @@ class ServerLifecycle:
         `tunedash launch --wait` ends right after READY, and without it the record never said the server was
         ready (the fleet, `status`)."""
         self._unsubscribe_connection()
+        await self.phases.close()
         if self._record_writes:
             await asyncio.wait(set(self._record_writes), timeout=RECORD_WRITE_WAIT_S)
         await self._tasks.close()  # errors of the tasks were logged as they ended

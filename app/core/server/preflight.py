@@ -8,9 +8,10 @@ the GPUs' idle baseline (MiB per GPU) is returned: confirm-free later compares a
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from app.core.data import Holder
+from app.core.data import GpuSnapshot, Holder
 from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host
 from app.core.profiles.render import launch_argv, launch_env
@@ -32,6 +33,7 @@ class LaunchRefused(TunedashError):
 
 
 LAUNCH_CLAIM_S = 30.0  # a "launching" record younger than this, with no process yet, is a launch in progress
+FRESH_SAMPLE_S = 0.5  # a release watch's sample younger than this stands for the launch's own GPU read
 
 
 async def _refuse_live(host: Host, profile: Profile, record: jobs.JobRecord | None) -> None:
@@ -88,12 +90,32 @@ async def claim_launch(host: Host, profile: Profile, record: jobs.JobRecord) -> 
         raise LaunchRefused(f"{exc}; nothing was launched", Reason.ALREADY_RUNNING) from None
 
 
+def fresh_sample(snapshot: GpuSnapshot | None, gpus: Sequence[int], now: float | None = None) -> GpuSnapshot | None:
+    """`snapshot` when it can stand for a new GPU read before a launch: no error, every GPU of the profile read,
+    memory and process lists taken within FRESH_SAMPLE_S (time.monotonic()); else None."""
+    if snapshot is None or snapshot.error is not None:
+        return None
+    now = time.monotonic() if now is None else now
+    read = {g.index: g for g in snapshot.gpus}
+    if any(i not in read for i in gpus):
+        return None
+    for i in gpus:
+        gpu = read[i]
+        oldest = min(gpu.taken_at, gpu.processes_taken_at if gpu.processes_taken_at is not None else gpu.taken_at)
+        if now - oldest > FRESH_SAMPLE_S:
+            return None
+    return snapshot
+
+
 async def preflight(host: Host, profile: Profile, telemetry: Telemetry,
-                    own_pids: AbstractSet[int] = frozenset()) -> dict[int, int]:
+                    own_pids: AbstractSet[int] = frozenset(), recent: GpuSnapshot | None = None) -> dict[int, int]:
     """Refuse to launch onto a running job, a taken port or GPUs that hold memory; returns the idle baseline.
 
     `own_pids` (the profile's weight cache daemon) may hold memory: the GPUs count as idle when only they do
-    (app.core.server.warm_state), and the baseline is what is left beside them."""
+    (app.core.server.warm_state), and the baseline is what is left beside them. `recent`: the release watch's
+    last sample when it is fresh (fresh_sample: a relaunch's kill has just read the GPUs, at NVML's pace where
+    the host has it), read instead of a new one; the new one cost a whole nvidia-smi run (~22 ms on an H200,
+    ~75 ms for the simulator's), most of a relaunch's own overhead (docs/decisions.md#relaunch-overhead)."""
     await _refuse_live(host, profile, await jobs.load_job(host, profile))
     if profile.port and await host.port_in_use(profile.port):
         raise LaunchRefused(
@@ -103,7 +125,7 @@ async def preflight(host: Host, profile: Profile, telemetry: Telemetry,
         )
     if not profile.gpus:
         return {}
-    snapshot = await telemetry.sample()
+    snapshot = recent if recent is not None else await telemetry.sample()
     if snapshot.error is not None:
         raise LaunchRefused(
             f"cannot read the GPUs of {host.name}: {snapshot.error.message.strip()}"

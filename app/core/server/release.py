@@ -34,6 +34,7 @@ from app.core.tasks import TaskOwner
 from app.core.telemetry.freecheck import FreeCheck, FreeVerdict
 from app.core.telemetry.nvml import RELEASE_PERIOD_MS, NvmlTelemetry, release_sampler
 from app.core.telemetry.smi import SmiTelemetry, Telemetry
+from app.core.telemetry.steady import NvmlFirstTelemetry
 
 RELEASE_POLL_MS = 50  # a telemetry source of another kind (a test's fake) is read this often
 SMI_RELEASE_PERIOD_MS = 10  # nvidia-smi's -lms stream while a release is pending
@@ -65,6 +66,8 @@ class ReleaseSampler:
 
 def release_sampler_for(host: Host, gpus: Sequence[int], telemetry: Telemetry) -> ReleaseSampler:
     """The release watch's sampler for `host` (the module docstring says which and why)."""
+    if isinstance(telemetry, NvmlFirstTelemetry):  # the dashboard's sampler on this machine: as its nvidia-smi one
+        telemetry = telemetry.smi
     if isinstance(telemetry, NvmlTelemetry):
         return ReleaseSampler(telemetry.for_release(), RELEASE_PERIOD_MS, "nvml")
     if not isinstance(telemetry, SmiTelemetry):
@@ -92,8 +95,10 @@ class FreeWatch:
         sampler: ReleaseSampler,
         check: FreeCheck,
         progress: Callable[[FreeVerdict, GpuSnapshot], None],
+        on_sample: Callable[[FreeVerdict, GpuSnapshot], None] | None = None,
     ) -> None:
         self.started = time.monotonic()
+        self._on_sample = on_sample  # every sample's verdict, unthrottled (WARM's two-sample rule needs each one)
         self.verdict = FreeVerdict(False, False, {}, (), unreadable="no reading yet")
         self.confirmed = asyncio.Event()
         self.check = check
@@ -132,6 +137,8 @@ class FreeWatch:
     def _feed(self, snapshot: GpuSnapshot) -> None:
         self.verdict = self.check.feed(snapshot)
         self.samples += 1
+        if self._on_sample is not None:
+            self._on_sample(self.verdict, snapshot)
         now = time.monotonic()
         told = self._told
         if told is None or told[0] != self.verdict or now - told[1] >= PROGRESS_EVERY_S:
@@ -150,8 +157,11 @@ def start_free_watch(
     telemetry: Telemetry,
     baseline_mib: Mapping[str, int],
     on_progress: Callable[[FreeProgress], None],
+    on_sample: Callable[[FreeVerdict, GpuSnapshot], None] | None = None,
 ) -> FreeWatch:
-    """Start sampling `gpus` for FREE (memory back at the job's recorded baseline, no process of ours left)."""
+    """Start sampling `gpus` for FREE (memory back at the job's recorded baseline, no process of ours left).
+    `on_progress` hears the verdict when it changes and at most every PROGRESS_EVERY_S otherwise; `on_sample`
+    every sample's verdict (the 5 ms NVML pace: keep it cheap)."""
     baseline = {int(k): v for k, v in baseline_mib.items()}
     started = time.monotonic()
     check = FreeCheck(tuple(gpus), baseline, not_before=started)
@@ -159,7 +169,7 @@ def start_free_watch(
     def progress(verdict: FreeVerdict, snapshot: GpuSnapshot) -> None:
         on_progress(FreeProgress(verdict, time.monotonic() - started, snapshot))
 
-    return FreeWatch(release_sampler_for(host, gpus, telemetry), check, progress)
+    return FreeWatch(release_sampler_for(host, gpus, telemetry), check, progress, on_sample)
 
 
 async def wait_free(watch: FreeWatch, timeout_s: float) -> tuple[FreeVerdict, float]:

@@ -32,6 +32,7 @@ FATAL_RANK = {"child_failed": 0, "child_crashed": 1, "error": 2, "traceback": 3,
 PHASES = (
     ("kill", "KILLING", "RELEASING"),
     ("release", "RELEASING", "FREE"),
+    ("daemon", "DAEMON", "DAEMON_READY"),  # the weight cache daemon's start, when a launch starts it
     ("start", "LAUNCHING", "LOADING"),
     ("load", "LOADING", "CAPTURING"),
     ("capture", "CAPTURING", "WARMING"),

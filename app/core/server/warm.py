@@ -17,12 +17,20 @@ server:
 - `warm_share`: a free check's verdict in which only the daemon's pids hold memory, and the rest of each GPU is at
   its idle baseline: the state is WARM ("engine gone; 25.1 GiB per GPU held by the weight cache, pids ...").
 `warm_refusal` says why a profile cannot run warm on the server discovery found.
+
+A custom profile (backend = "custom") names its own daemon in a [warm] table (app.core.profiles.types.CustomDaemon):
+its argv is the table's `daemon` with the command's placeholders filled, the server's is the profile's command plus
+`client_args`; it is ready when `ready_regex` matches a line of its log and/or `ready_file` exists and was written
+after the spawn (a file left by an earlier daemon does not count); its cache key is that rendered argv, so a relaunch
+keeps the daemon unless the daemon's own command changes. The job (record, tag, proofs, WARM) is the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import shlex
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -31,10 +39,11 @@ from dataclasses import replace
 from app.core.data import EventLevel, FlagValue
 from app.core.errors import Reason
 from app.core.flags.discovery import IPC_CACHE_FORMAT, ServerFlags
+from app.core.flags.values import CUSTOM
 from app.core.flags.weight_cache import changed_key_fields
 from app.core.hosts.base import Host, HostError
-from app.core.profiles.render import launch_argv, launch_env
-from app.core.profiles.types import Profile
+from app.core.profiles.render import launch_argv, launch_env, substitute
+from app.core.profiles.types import CustomDaemon, Profile, ProfileError
 from app.core.server import jobs
 from app.core.server.preflight import LaunchRefused, claim_launch
 
@@ -47,6 +56,7 @@ VLLM_READY = "===== Weight cache daemon READY"
 READY_POLL_S = 0.1
 DAEMON_GRACE_S = 10.0
 MODEL_FLAG = {"sglang": "model-path", "vllm": "model"}
+CUSTOM_KEY = "daemon-command"  # a custom daemon's cache key: its rendered argv (module docstring)
 
 
 class WeightCacheFailed(LaunchRefused):
@@ -63,6 +73,8 @@ def daemon_profile(profile: Profile) -> Profile:
 
 def daemon_argv(profile: Profile) -> list[str]:
     """The weight cache daemon's command line for `profile` (module docstring)."""
+    if profile.backend == CUSTOM:
+        return [substitute(item, profile) for item in _custom_daemon(profile).command]
     server = launch_argv(replace(profile, script=(), warm=False))
     flags = server[3:]  # after python -m MODULE
     if profile.backend == "vllm":  # `vllm preload` takes the engine's flags, not the HTTP server's --port
@@ -74,6 +86,8 @@ def daemon_argv(profile: Profile) -> list[str]:
 
 def client_argv(profile: Profile) -> list[str]:
     """The server's command line as the daemon's client."""
+    if profile.backend == CUSTOM:
+        return [*launch_argv(profile), *(substitute(item, profile) for item in _custom_daemon(profile).client_args)]
     if profile.backend == "vllm":  # ipc_cache replaces the profile's own load format (the daemon keeps that one)
         flags = {k: v for k, v in profile.flags.items() if k != "load-format"}
         return [*launch_argv(replace(profile, flags=flags)), "--load-format", "ipc_cache"]
@@ -81,17 +95,25 @@ def client_argv(profile: Profile) -> list[str]:
 
 
 def key_flags(profile: Profile) -> dict[str, FlagValue]:
-    """The flags the cache key is read from: the profile's flags with its model under the model flag."""
+    """The flags the cache key is read from: the profile's flags with its model under the model flag (custom: the
+    daemon's rendered argv under CUSTOM_KEY)."""
+    if profile.backend == CUSTOM:
+        return {CUSTOM_KEY: shlex.join(daemon_argv(profile))}
     return {**profile.flags, MODEL_FLAG.get(profile.backend, "model"): profile.model}
 
 
 def key_change(backend: str, old: Mapping[str, FlagValue], new: Mapping[str, FlagValue]) -> tuple[str, ...]:
     """The cache key's fields the daemon's flags (`old`, from its record) and the next server's differ in."""
+    if backend == CUSTOM:
+        return ("the daemon's command",) if old.get(CUSTOM_KEY) != new.get(CUSTOM_KEY) else ()
     return changed_key_fields(backend, old, new)
 
 
 def warm_refusal(profile: Profile, found: ServerFlags | None) -> str:
     """Why `profile` cannot run warm on the server discovery found; "" when it can (or nothing is known yet)."""
+    if profile.backend == CUSTOM:
+        return "" if profile.daemon is not None else (f"{profile.source}: warm: a custom profile names its daemon "
+                                                      "in a [warm] table (daemon = [...], ready_regex or ready_file)")
     if profile.backend not in MODEL_FLAG:
         return f"{profile.source}: warm: the {profile.backend} backend has no weight cache daemon"
     if found is None or not found.known:
@@ -109,6 +131,21 @@ def warm_refusal(profile: Profile, found: ServerFlags | None) -> str:
         return (f"{profile.source}: warm: {name} has no ipc_cache load format (`vllm preload` arrived in vLLM 0.32); "
                 "remove warm or install 0.32+ (`tunedash flags PROFILE --refresh` asks the server again)")
     return ""
+
+
+def _custom_daemon(profile: Profile) -> CustomDaemon:
+    if profile.daemon is None:
+        raise ProfileError(f"{profile.source}: warm: a custom profile names its daemon in a [warm] table "
+                           "(daemon = [...], ready_regex or ready_file)")
+    return profile.daemon
+
+
+def custom_ready(daemon: CustomDaemon, log_text: str, file_age_s: float | None, since_spawn_s: float) -> bool:
+    """Whether a custom daemon is ready: its ready_regex on a line of its log, and its ready_file (its age on the
+    host, None when absent) written after the spawn, each where the profile asks for it."""
+    if daemon.ready_regex and not any(re.search(daemon.ready_regex, line) for line in log_text.splitlines()):
+        return False
+    return not daemon.ready_file or (file_age_s is not None and file_age_s < since_spawn_s)
 
 
 # ---------------------------------------------------------------------------------------------- the daemon job
@@ -161,14 +198,18 @@ class WeightCacheJob:
             await self.stop(record)
         return changed
 
-    async def ensure(self, profile: Profile, timeout_s: float) -> jobs.JobRecord:
-        """A ready daemon for `profile`: the running one (its key matches: see stop_if_stale), else started."""
+    async def ensure(self, profile: Profile, timeout_s: float,
+                     on_start: Callable[[], None] | None = None) -> jobs.JobRecord:
+        """A ready daemon for `profile`: the running one (its key matches: see stop_if_stale), else started
+        (`on_start` is called right before: the run's "daemon" phase begins, app.core.server.progress)."""
         self.profile = profile
         record = await self.current()
         if record is not None and not key_change(profile.backend, record.flags, key_flags(profile)):
             return record
         if record is not None:
             await self.stop(record)
+        if on_start is not None:
+            on_start()
         return await self.start(timeout_s)
 
     async def start(self, timeout_s: float) -> jobs.JobRecord:
@@ -205,9 +246,10 @@ class WeightCacheJob:
         """Until the launcher's ready line is in its log; WeightCacheFailed when the group dies or time runs out."""
         marker = VLLM_READY if record.backend == "vllm" else SGLANG_READY
         t0 = time.monotonic()
+        spawned = t0 - max(0.0, time.time() - record.launched_at)  # the record was written right before the spawn
         while True:
             text = await self._log_tail(record)
-            if any(marker in line and (marker == VLLM_READY or "are ready" in line) for line in text.splitlines()):
+            if await self._ready(marker, text, time.monotonic() - spawned):
                 self.say(f"weight cache daemon ready after {time.monotonic() - t0:.1f} s", "info")
                 return
             if not await jobs.job_alive(self.host, record):
@@ -222,6 +264,20 @@ class WeightCacheJob:
                 raise WeightCacheFailed(f"the weight cache daemon of {self.profile.name} was not ready within "
                                         f"{timeout_s:.0f} s (stopped it); see {record.log_path}", Reason.START_FAILED)
             await asyncio.sleep(READY_POLL_S)
+
+    async def _ready(self, marker: str, text: str, since_spawn_s: float) -> bool:
+        """The launcher's ready line (sglang, vllm) or the custom daemon's ready signals (custom_ready)."""
+        if self.profile.backend != CUSTOM:
+            return any(marker in line and (marker == VLLM_READY or "are ready" in line) for line in text.splitlines())
+        daemon = _custom_daemon(self.profile)
+        age = None
+        if daemon.ready_file:
+            try:
+                found = await self.host.path_age(substitute(daemon.ready_file, self.profile))
+            except HostError:
+                found = None
+            age = found.age_s if found is not None and found.plain else None
+        return custom_ready(daemon, text, age, since_spawn_s)
 
     async def _log_tail(self, record: jobs.JobRecord) -> str:
         try:

@@ -1,0 +1,235 @@
+"""`tunedash tune PROFILE`: race the profile's [tune] candidates over its request shapes (app.core.tune).
+
+`--dry-run` lists the candidates (and the ones dropped, with why) and the budget, launching nothing. A run prints a
+line per launch and per shape with the launches spent, the budget and an ETA, then the leaderboards; `--json` prints
+only the results JSON. `--resume ID` goes on with a stored run that did not finish (a quit, a crash, a lost
+connection): nothing measured is repeated. At the end the server runs the winner for the profile's own [bench]
+shape, or the starting config with `--restore`; the last line says which. Exit codes (app.cli.common): 2 bad
+input, 4 the host refused a launch, 130 cancelled (the run is kept and resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from app.cli.common import (
+    EXIT_OK,
+    EXIT_START_FAILED,
+    CliError,
+    drive,
+    exit_code,
+    lifecycle_for,
+    load_profile,
+    open_host,
+    say,
+    with_take_over,
+)
+from app.core.advisor.advise import NothingRunning, advise
+from app.core.errors import TunedashError
+from app.core.flags.discovery import ServerFlags, discover_flags
+from app.core.hosts.base import Host
+from app.core.measure.store import HistoryStore, StoreError
+from app.core.profiles.render import launch_env
+from app.core.profiles.types import Profile
+from app.core.server import jobs
+from app.core.telemetry.energy import energy_meter_for
+from app.core.tune.export import results_text
+from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec, spec_from_run
+from app.core.tune.results import tune_results
+from app.core.tune.run import TuneProgress, TuneRunner
+from app.core.tune.space import TuneSpace, build_space
+
+
+def _store() -> HistoryStore:
+    try:
+        return HistoryStore()
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+
+
+async def _running_and_fixes(host: Host, profile: Profile, store: HistoryStore | None,
+                             use_advisor: bool) -> tuple[dict[str, Any] | None, list[tuple[str, dict[str, Any]]], str]:
+    """The running server's flags (None when none runs) and the advisor's fixes of it, with a note on either."""
+    record = await jobs.load_job(host, profile)
+    if record is None or not await jobs.job_members(host, record):
+        return None, [], "no server runs: the starting config is the profile's flags; no advisor seeds"
+    if not use_advisor:
+        return dict(record.flags), [], "advisor seeds off"
+    try:
+        advice = await advise(host, profile, store=store)
+    except NothingRunning:
+        return dict(record.flags), [], "no server runs: no advisor seeds"
+    except TunedashError as exc:
+        return dict(record.flags), [], f"advisor seeds skipped: {exc}"
+    fixes = [(f.rule, dict(f.fix)) for f in (*advice.slower_than_before, *advice.left_on_table) if f.fix]
+    return dict(record.flags), fixes, f"{len(fixes)} advisor fix{'es' if len(fixes) != 1 else ''} seeded"
+
+
+def _space_json(space: TuneSpace, profile: Profile) -> dict[str, Any]:
+    return {"candidates": [{"label": c.label, "source": c.source, "overrides": c.overrides(profile.flags)}
+                           for c in space.candidates],
+            "dropped": [{"label": d.label, "why": d.why} for d in space.dropped]}
+
+
+def _dry_run(args: argparse.Namespace, profile: Profile, space: TuneSpace, spec: TuneSpec, notes: list[str]) -> int:
+    n = len(space.candidates)
+    budget = {"max_launches": spec.max_launches, "time_budget_s": spec.time_budget_s, "first_round": n,
+              "grid_one_launch": n, "grid_two_launch": 2 * n}
+    if args.json:
+        say(json.dumps({"profile": profile.name, "objective": spec.settings.objective,
+                        "shapes": [s.label for s in spec.shapes], **_space_json(space, profile), "budget": budget,
+                        "notes": notes}, indent=2))
+        return EXIT_OK
+    say(f"tune {profile.name}: {n} candidates x {len(spec.shapes)} shapes, ranked by "
+        f"{OBJECTIVE_TEXT[spec.settings.objective]}")
+    for note in notes:
+        say(f"  ({note})")
+    say("shapes (each launch measures every one): " + ", ".join(
+        f"{s.label} ({s.requests} requests)" for s in spec.shapes))
+    for i, c in enumerate(space.candidates, start=1):
+        say(f"  {i:3}. {c.label}  [{c.source}]  {c.overrides(profile.flags) or '(the profile as is)'}")
+    if space.dropped:
+        say(f"dropped ({len(space.dropped)}):")
+        for d in space.dropped:
+            say(f"  - {d.label}: {d.why}")
+    say(f"budget: at most {spec.max_launches} launches"
+        + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else "")
+        + f"; the first round is {n} launches (one per candidate); a one-launch grid takes {n}, a two-launch "
+        f"grid {2 * n}")
+    say("nothing was launched (--dry-run)")
+    return EXIT_OK
+
+
+def _printer(quiet: bool) -> Any:
+    def on_progress(p: TuneProgress) -> None:
+        if quiet:
+            return
+        eta = f", ETA {p.eta_s / 60:.1f} min" if p.eta_s is not None else ""
+        if p.kind == "decision":
+            d = p.decision
+            if d is not None and not d.done:
+                say(f"[{p.launches_done}/{p.launches_budget}] {len(d.eliminated)} out; {p.text}{eta}")
+            return
+        if p.kind in ("done",):
+            return
+        say(f"[{p.launches_done}/{p.launches_budget}] {p.text}" if p.kind != "shape" else p.text)
+
+    return on_progress
+
+
+async def cmd_tune(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    if args.launches is not None and args.launches < 1:
+        raise CliError(f"--launches must be at least 1 (got {args.launches})")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise CliError(f"--time-budget must be seconds above 0 (got {args.time_budget})")
+    host = open_host(profile)
+    store = _store()
+    try:
+        return await _tune(args, profile, host, store)
+    finally:
+        store.close()
+
+
+async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: HistoryStore) -> int:
+    found: ServerFlags = await discover_flags(host, profile.backend, profile.python, profile.module,
+                                              launch_env(profile))
+    resume = None
+    notes: list[str] = []
+    if args.resume is not None:
+        try:
+            resume = await store.in_thread(store.run, args.resume)  # off the loop, as every store call here
+        except StoreError as exc:
+            raise CliError(str(exc)) from None
+        if resume is None:
+            raise CliError(f"no run #{args.resume} in {store.path}; `tunedash history` lists the runs")
+        try:
+            spec = spec_from_run(profile, resume, restore=args.restore, ready_timeout_s=args.ready_timeout,
+                                 max_launches=args.launches, time_budget_s=args.time_budget)
+        except TuneFailed as exc:
+            raise CliError(str(exc)) from None
+        space = TuneSpace(spec.candidates)
+    else:
+        tune = profile.tune
+        if tune is None:
+            raise CliError(f"{profile.source}: the profile has no [tune] table; add one, e.g.\n  [tune.flags]\n  "
+                           "speculative-num-steps = [1, 2, 3]\n(README: `tunedash tune`)")
+        running, fixes, note = await _running_and_fixes(host, profile, store, tune.advisor_seeds)
+        notes.append(note)
+        if not found.known:
+            notes.append(f"the installed server's flags are unknown ({found.reason}): no candidate dropped for them")
+        space = build_space(profile, tune, running=running, fixes=fixes, server=found)
+        if not space.candidates:
+            raise CliError(f"{profile.source}: [tune] leaves no candidate: "
+                           + "; ".join(f"{d.label}: {d.why}" for d in space.dropped[:3]))
+        n = len(space.candidates)
+        spec = TuneSpec(profile, space.candidates, tune.shapes, tune,
+                        args.launches or tune.max_launches or 2 * n,
+                        args.time_budget if args.time_budget is not None else tune.time_budget_s,
+                        args.ready_timeout, args.restore)
+    if args.dry_run:
+        return _dry_run(args, profile, space, spec, notes)
+    lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": True}))  # no narration
+    lifecycle.server_flags = found
+    await drive(lifecycle, args, "tune")
+    runner = TuneRunner(spec, lifecycle, store, resume=resume, on_progress=_printer(args.json),
+                        energy_for=lambda p: energy_meter_for(host, p))
+    if not args.json:
+        say(f"tune {profile.name} on {host.name}: {len(spec.candidates)} candidates x {len(spec.shapes)} shapes, "
+            f"at most {spec.max_launches} launches" + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""))
+        for note in notes:
+            say(f"  ({note})")
+    code = EXIT_OK
+    try:
+        await runner.run()
+    except TuneFailed as exc:
+        print(f"tunedash: {exc}", file=sys.stderr)
+        code = exit_code(exc)
+    except asyncio.CancelledError:
+        _report(args, spec, runner)  # what the finished launches say so far
+        print(f"cancelled: run #{runner.run_id} is kept; `tunedash tune {profile.name} --resume {runner.run_id}` "
+              "goes on without repeating a finished launch", file=sys.stderr)
+        raise
+    finally:
+        await lifecycle.close()
+    _report(args, spec, runner)
+    if code == EXIT_OK and runner.state.launches and not any(ln.trials for ln in runner.counted()):
+        print(f"tunedash: no launch of {profile.name} came up with a measurement "
+              f"({len(runner.counted())} launches); see the server's log (`tunedash status {profile.name}`)",
+              file=sys.stderr)
+        code = EXIT_START_FAILED
+    return code
+
+
+def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> None:
+    data = tune_results(spec, runner.state, runner.decision or runner.decide(), status=runner.status,
+                        run_id=runner.run_id, note=runner.note, ended_on=runner.ended_on)
+    if args.json:
+        say(json.dumps(data, indent=2))
+        return
+    say("")
+    say(results_text(data))
+    say(f"history: run #{runner.run_id} (`tunedash export {runner.run_id} --format md|csv|json|svg`)")
+
+
+def register(sub: Any, with_overrides: Any) -> None:
+    """Add `tune` to the `tunedash` subparsers."""
+    p = sub.add_parser("tune", help="race the profile's [tune] candidates over request shapes, launches as the unit")
+    p.add_argument("profile")
+    with_overrides(p)
+    p.add_argument("--dry-run", action="store_true", help="list the candidates and the budget; launch nothing")
+    p.add_argument("--resume", type=int, metavar="ID", help="go on with the stored tune run ID")
+    p.add_argument("--launches", type=int, metavar="N", help="at most N launches (default: [tune] max_launches, "
+                   "else twice the candidates)")
+    p.add_argument("--time-budget", type=float, metavar="S", help="stop starting launches after S seconds")
+    p.add_argument("--restore", action="store_true", help="end on the starting config instead of the winner")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each launch")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between launches")
+    p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    with_take_over(p)
+    p.add_argument("--json", action="store_true", help="only the results JSON on stdout")
+    p.set_defaults(func=cmd_tune)

@@ -1,0 +1,222 @@
+"""The tune screen (`t`, or "Tune" in the palette): the profile's [tune] race as the Session's command "tune".
+
+The same core objects as `tunedash tune` (app.core.tune: build_space, TuneRunner, tune_results), with the Session
+as the server's owner, so the dashboard's log view, chart markers and Flags panel follow every launch. The screen
+owns its keys while the race runs: escape cancels it cleanly (every finished launch is kept; the run resumes with
+`tunedash tune PROFILE --resume ID`) and closes it once done; `k` cancels and kills (asks first). It shows the live
+leaderboard per shape (mean, 95% interval, state), the eliminated candidates with why, launches spent and left with
+an ETA, and at the end the verdicts, the best single config and the Pareto fronts as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
+
+from app.core.advisor.advise import advise
+from app.core.errors import TunedashError
+from app.core.session import ReadOnlyError
+from app.core.telemetry.energy import energy_meter_for
+from app.core.tune.export import board_rows, pareto_lines, summary_lines
+from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec
+from app.core.tune.results import tune_results
+from app.core.tune.run import TuneProgress, TuneRunner
+from app.core.tune.space import build_space
+from app.tui.bench import Dashboard, open_store
+from widgets.pareto_plot import ParetoPlot, ParetoView
+
+
+def pareto_views(data: dict[str, Any]) -> tuple[ParetoView, ParetoView]:
+    """The results' two Pareto fronts as the plots' views: per stream vs total tok/s, per stream vs J/token."""
+    pareto = data["pareto"]
+    points = pareto["points"]
+    views = []
+    for key, yk, title in (("stream_vs_total", "total_tok_s", "Pareto: per stream vs total tok/s"),
+                           ("stream_vs_j_per_token", "j_per_token", "Pareto: per stream vs J/token")):
+        got = tuple((p["stream_tok_s"], p[yk]) for p in points
+                    if p.get("stream_tok_s") is not None and p.get(yk) is not None)
+        front = tuple((points[i]["stream_tok_s"], points[i][yk]) for i in pareto[key]["front"])
+        views.append(ParetoView(title, "tok/s per stream", yk.replace("_", " "), got, front))
+    return views[0], views[1]
+
+
+class TuneScreen(Screen[None]):
+    """The live race of the profile's [tune] table (module docstring)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Cancel/close", tooltip="Cancel the tune (finished launches are kept) or close"),
+        Binding("k", "kill", "Kill", id="kill", tooltip="Cancel the tune, then kill the server (asks first)"),
+    ]
+    DEFAULT_CSS = """
+    TuneScreen { layout: vertical; }
+    TuneScreen #title { padding: 0 1; text-style: bold; }
+    TuneScreen #status { padding: 0 1; color: $accent; }
+    TuneScreen #out { padding: 0 1; color: $warning; height: auto; max-height: 8; }
+    TuneScreen #summary { padding: 0 1; color: $success; height: auto; }
+    TuneScreen ProgressBar { padding: 0 1; }
+    TuneScreen DataTable { height: auto; max-height: 16; }
+    TuneScreen RichLog { height: 1fr; min-height: 3; border: round $primary; }
+    TuneScreen #pareto { height: 1fr; min-height: 6; max-height: 16; }
+    """
+
+    def __init__(self, dashboard: Dashboard) -> None:
+        super().__init__()
+        self.dashboard = dashboard
+        self.runner: TuneRunner | None = None
+        self.data: dict[str, Any] | None = None  # the latest results JSON (live, then final)
+        self._run_task: asyncio.Task[None] | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f"tune {self.dashboard.session.profile.name}", id="title")
+            yield ProgressBar(id="progress", show_eta=False)
+            yield Static("", id="status")
+            yield DataTable(id="boards", zebra_stripes=True)
+            yield Static("", id="out")
+            yield Static("", id="summary")
+            with Horizontal(id="pareto"):
+                yield ParetoPlot(id="pareto-total")
+                yield ParetoPlot(id="pareto-energy")
+            yield RichLog(id="steps", wrap=True, markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        session = self.dashboard.session
+        try:
+            self._run_task = session.run_command("tune", self._run)
+        except ReadOnlyError as exc:
+            self.say(str(exc))
+            return
+        if self._run_task is None:
+            self.say(session.command_refusal("tune") or "tune refused")
+
+    @property
+    def running(self) -> bool:
+        return self._run_task is not None and not self._run_task.done()
+
+    def on_key(self, event: events.Key) -> None:
+        """A dashboard key that would start another command while the tune runs: say why it does not."""
+        if event.key in self.active_bindings or not self.running:
+            return
+        text = self.dashboard.refusal_for_key(event.key)
+        if text:
+            event.stop()
+            self.notify(text, severity="warning")
+
+    def say(self, text: str) -> None:
+        self.query_one(RichLog).write(text)
+
+    # ---- the race ---------------------------------------------------------------------------------
+    async def _spec(self) -> TuneSpec | None:
+        session = self.dashboard.session
+        profile = session.profile
+        tune = profile.tune
+        if tune is None:
+            self.say(f"{profile.source}: the profile has no [tune] table; add one (README: `tunedash tune`)")
+            return None
+        record = session.view().record
+        running = dict(record.flags) if record is not None else None
+        fixes: list[tuple[str, dict[str, Any]]] = []
+        if running is not None and tune.advisor_seeds:
+            try:
+                advice = await advise(session.host, profile)
+                fixes = [(f.rule, dict(f.fix)) for f in (*advice.slower_than_before, *advice.left_on_table) if f.fix]
+            except TunedashError as exc:
+                self.say(f"advisor seeds skipped: {exc}")
+        space = build_space(profile, tune, running=running, fixes=fixes, server=session.server_flags)
+        for dropped in space.dropped:
+            self.say(f"dropped {dropped.label}: {dropped.why}")
+        if not space.candidates:
+            self.say("[tune] leaves no candidate")
+            return None
+        n = len(space.candidates)
+        return TuneSpec(profile, space.candidates, tune.shapes, tune, tune.max_launches or 2 * n,
+                        tune.time_budget_s, profile.ready_timeout_s)
+
+    async def _run(self) -> None:
+        spec = await self._spec()
+        if spec is None:
+            return
+        session = self.dashboard.session
+        store = open_store(self.dashboard)
+        self.query_one("#title", Static).update(
+            f"tune {spec.profile.name}: {len(spec.candidates)} candidates x {len(spec.shapes)} shapes, ranked by "
+            f"{OBJECTIVE_TEXT[spec.settings.objective]}, at most {spec.max_launches} launches")
+
+        def on_progress(p: TuneProgress) -> None:
+            self.query_one(ProgressBar).update(total=max(1, p.launches_budget), progress=p.launches_done)
+            eta = f", ETA {p.eta_s / 60:.1f} min" if p.eta_s is not None else ""
+            self.query_one("#status", Static).update(
+                f"launches {p.launches_done} spent, {max(0, p.launches_budget - p.launches_done)} left{eta}")
+            if p.kind != "decision":
+                self.say(p.text)
+                session.command.progress(p.text.split(" (its launch")[0])
+            if p.decision is not None and runner is not None:
+                self.show(tune_results(spec, runner.state, p.decision, status="running", run_id=runner.run_id))
+
+        runner = TuneRunner(spec, session, store, on_progress=on_progress,
+                            energy_for=lambda p: energy_meter_for(session.host, p))
+        self.runner = runner
+        try:
+            await runner.run()
+        except TuneFailed as exc:
+            self.say(f"stopped: {exc}")
+
+        finally:
+            decision = runner.decision or runner.decide()
+            data = tune_results(spec, runner.state, decision, status=runner.status, run_id=runner.run_id,
+                                note=runner.note, ended_on=runner.ended_on)
+            self.show(data, final=True)
+            if store is not None:
+                self.say(f"saved as run #{runner.run_id} (tunedash export {runner.run_id} --format md)")
+                store.close()
+
+    def show(self, data: dict[str, Any], *, final: bool = False) -> None:
+        """The leaderboards, the eliminated with why, and (final) the verdicts, best config and Pareto fronts."""
+        self.data = data
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        header = ["shape", *board_rows(data, data["shapes"][0])[0]] if data["shapes"] else ["shape"]
+        table.add_columns(*header)
+        for shape in data["shapes"]:
+            table.add_row(shape["shape"], *[""] * (len(header) - 2), shape["verdict"][:60])
+            for row in board_rows(data, shape)[1:]:
+                table.add_row("", *row)
+        out = [f"{c['label']}: {c['why_out']}" for c in data["candidates"] if not c["alive"]]
+        self.query_one("#out", Static).update("eliminated:\n" + "\n".join(out) if out else "")
+        total, energy = pareto_views(data)
+        self.query_one("#pareto-total", ParetoPlot).show(total)
+        self.query_one("#pareto-energy", ParetoPlot).show(energy)
+        if final:  # what the server runs first: at 40 rows the rest may not fit (the plots show the fronts)
+            lines = [f"the server runs {data['ended_on']}"] if data.get("ended_on") else []
+            self.query_one("#summary", Static).update("\n".join([*lines, *summary_lines(data)]))
+            for line in pareto_lines(data):
+                self.say(line)
+
+    def action_close(self) -> None:
+        if self._run_task is not None and self.running:
+            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
+            self.say("cancelling… (finished launches are kept)")
+            return
+        self.dismiss(None)
+
+    def action_kill(self) -> None:
+        """The dashboard's kill (asks first): the slot cancels this tune, then kills."""
+        self.dashboard.action_kill()
+
+
+def start_tune(dashboard: Dashboard) -> None:
+    """`t`: the tune screen over the dashboard (the dashboard refused it already while read-only or busy)."""
+    profile = dashboard.session.profile
+    if profile.tune is None:
+        dashboard.notify(f"{profile.name} has no [tune] table; add one to the profile (README: tunedash tune)",
+                         severity="warning")
+        return
+    dashboard.app.push_screen(TuneScreen(dashboard))
