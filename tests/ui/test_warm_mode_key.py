@@ -30,7 +30,12 @@ def cold_0523(make_profile: MakeProfile, version: str = "0.5.23") -> Profile:
     return load_profile(path)
 
 
-async def test_w_switches_warm_on_and_the_relaunches_show_progress_and_savings(make_profile: MakeProfile) -> None:
+async def test_w_switches_warm_on_and_the_relaunches_show_progress_and_savings(make_profile: MakeProfile,
+                                                                               tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A history of its own: another test's runs of profile "t" would give this relaunch a plan (and another
+    # "instead of"), and the panel would not show the no-plan block this test reads.
+    monkeypatch.setenv("TUNEDASH_DATA_DIR", str(tmp_path / "history"))
     app = create_app(cold_0523(make_profile), autolaunch=True, keymap_file=None)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
