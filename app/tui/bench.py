@@ -76,7 +76,60 @@ def _table(table: DataTable[str], rows: list[list[str]]) -> None:
         table.add_row(*row)
 
 
-class RunScreen(Screen[None]):
+class SlotScreen(Screen[None]):
+    """A screen that runs one command in the Session's command slot (a bench, an A/B, a tune) and owns its keys
+    while open: a dashboard key that would start another command is refused with why; escape cancels the command
+    (what it finished is kept), then closes; `k` is the dashboard's kill, which cancels the command first."""
+
+    KEPT = "finished trials are kept"  # what cancelling keeps, in the subclass's words
+
+    def __init__(self, dashboard: Dashboard) -> None:
+        super().__init__()
+        self.dashboard = dashboard
+        self._run_task: asyncio.Task[None] | None = None
+
+    def start_command(self, command: str, job: Callable[[], Coroutine[Any, Any, None]], *,
+                      signals: bool = True) -> asyncio.Task[None] | None:
+        """Run `job` as the slot's command, or say why not (read-only, another command runs): its task or None."""
+        session = self.dashboard.session
+        try:
+            self._run_task = session.run_command(command, job, signals=signals)
+        except ReadOnlyError as exc:
+            self.say(str(exc))
+            return None
+        if self._run_task is None:
+            self.say(session.command_refusal(command) or f"{command} refused")
+        return self._run_task
+
+    @property
+    def running(self) -> bool:
+        return self._run_task is not None and not self._run_task.done()
+
+    def on_key(self, event: events.Key) -> None:
+        """A dashboard key that would start another command while this one runs: say why it does not."""
+        if event.key in self.active_bindings or not self.running:
+            return
+        text = self.dashboard.refusal_for_key(event.key)
+        if text:
+            event.stop()
+            self.notify(text, severity="warning")
+
+    def say(self, text: str) -> None:
+        self.query_one(RichLog).write(text)
+
+    def action_close(self) -> None:
+        if self._run_task is not None and self.running:
+            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
+            self.say(f"cancelling… ({self.KEPT})")
+            return
+        self.dismiss(None)
+
+    def action_kill(self) -> None:
+        """The dashboard's kill (asks first): the slot cancels this command, then kills."""
+        self.dashboard.action_kill()
+
+
+class RunScreen(SlotScreen):
     """Progress of a benchmark or an A/B, run as the Session's command `command`, then its results. Escape cancels a
     running one and closes a done one; `k` cancels it and kills the server; a key that would start another command
     is refused, naming this one."""
@@ -98,26 +151,17 @@ class RunScreen(Screen[None]):
 
     def __init__(self, title: str, dashboard: Dashboard, command: str,
                  job: Callable[[RunScreen], Coroutine[Any, Any, None]], *, signals: bool = True) -> None:
-        super().__init__()
+        super().__init__(dashboard)
         self.title_text = title
-        self.dashboard = dashboard
         self.command = command  # its name in the command slot ("bench", "A/B")
         self.signals = signals  # whether it relaunches (refused in a read-only session)
         self.job = job
         self.worker: Worker[Any] | None = None  # follows the command; finished when the command ended
-        self._run_task: asyncio.Task[None] | None = None
 
     def on_mount(self) -> None:
-        session = self.dashboard.session
-        try:
-            self._run_task = session.run_command(self.command, self._run, signals=self.signals)
-        except ReadOnlyError as exc:
-            self.say(str(exc))
-            return
-        if self._run_task is None:
-            self.say(session.command_refusal(self.command) or f"{self.command} refused")
-            return
-        self.worker = self.run_worker(self._follow(self._run_task), name="measure", exit_on_error=False)
+        task = self.start_command(self.command, self._run, signals=self.signals)
+        if task is not None:
+            self.worker = self.run_worker(self._follow(task), name="measure", exit_on_error=False)
 
     async def _run(self) -> None:
         try:
@@ -132,19 +176,6 @@ class RunScreen(Screen[None]):
     async def _follow(task: asyncio.Task[None]) -> None:
         await asyncio.wait({task})  # the command's end; closing the screen never cancels it by itself
 
-    @property
-    def running(self) -> bool:
-        return self._run_task is not None and not self._run_task.done()
-
-    def on_key(self, event: events.Key) -> None:
-        """A dashboard key that would start another command while this one runs: say why it does not."""
-        if event.key in self.active_bindings or not self.running:
-            return
-        text = self.dashboard.refusal_for_key(event.key)
-        if text:
-            event.stop()
-            self.notify(text, severity="warning")
-
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text, id="title")
@@ -154,9 +185,6 @@ class RunScreen(Screen[None]):
             yield ComparePlots()
             yield RichLog(id="steps", wrap=True, markup=False)
         yield Footer()
-
-    def say(self, text: str) -> None:
-        self.query_one(RichLog).write(text)
 
     def set_progress(self, done: float, total: float) -> None:
         self.query_one(ProgressBar).update(total=max(total, 1), progress=done)
@@ -171,16 +199,6 @@ class RunScreen(Screen[None]):
         plots.add_class("-shown")
         plots.show(view)
 
-    def action_close(self) -> None:
-        if self._run_task is not None and self.running:
-            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
-            self.say("cancelling… (finished trials are kept)")
-            return
-        self.dismiss(None)
-
-    def action_kill(self) -> None:
-        """The dashboard's kill (asks first): the slot cancels this run, then kills."""
-        self.dashboard.action_kill()
 
 
 class HistoryScreen(Screen[None]):

@@ -10,26 +10,22 @@ an ETA, and at the end the verdicts, the best single config and the Pareto front
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, ClassVar
 
-from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, RichLog, Static
 
 from app.core.advisor.advise import advise
 from app.core.errors import TunedashError
-from app.core.session import ReadOnlyError
 from app.core.telemetry.energy import energy_meter_for
 from app.core.tune.export import board_rows, pareto_lines, summary_lines
 from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec
 from app.core.tune.results import tune_results
 from app.core.tune.run import TuneProgress, TuneRunner
 from app.core.tune.space import build_space
-from app.tui.bench import Dashboard, open_store
+from app.tui.bench import Dashboard, SlotScreen, open_store
 from widgets.pareto_plot import ParetoPlot, ParetoView
 
 
@@ -47,13 +43,14 @@ def pareto_views(data: dict[str, Any]) -> tuple[ParetoView, ParetoView]:
     return views[0], views[1]
 
 
-class TuneScreen(Screen[None]):
+class TuneScreen(SlotScreen):
     """The live race of the profile's [tune] table (module docstring)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Cancel/close", tooltip="Cancel the tune (finished launches are kept) or close"),
         Binding("k", "kill", "Kill", id="kill", tooltip="Cancel the tune, then kill the server (asks first)"),
     ]
+    KEPT = "finished launches are kept"
     DEFAULT_CSS = """
     TuneScreen { layout: vertical; }
     TuneScreen #title { padding: 0 1; text-style: bold; }
@@ -67,11 +64,9 @@ class TuneScreen(Screen[None]):
     """
 
     def __init__(self, dashboard: Dashboard) -> None:
-        super().__init__()
-        self.dashboard = dashboard
+        super().__init__(dashboard)
         self.runner: TuneRunner | None = None
         self.data: dict[str, Any] | None = None  # the latest results JSON (live, then final)
-        self._run_task: asyncio.Task[None] | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -88,30 +83,7 @@ class TuneScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        session = self.dashboard.session
-        try:
-            self._run_task = session.run_command("tune", self._run)
-        except ReadOnlyError as exc:
-            self.say(str(exc))
-            return
-        if self._run_task is None:
-            self.say(session.command_refusal("tune") or "tune refused")
-
-    @property
-    def running(self) -> bool:
-        return self._run_task is not None and not self._run_task.done()
-
-    def on_key(self, event: events.Key) -> None:
-        """A dashboard key that would start another command while the tune runs: say why it does not."""
-        if event.key in self.active_bindings or not self.running:
-            return
-        text = self.dashboard.refusal_for_key(event.key)
-        if text:
-            event.stop()
-            self.notify(text, severity="warning")
-
-    def say(self, text: str) -> None:
-        self.query_one(RichLog).write(text)
+        self.start_command("tune", self._run)
 
     # ---- the race ---------------------------------------------------------------------------------
     async def _spec(self) -> TuneSpec | None:
@@ -200,16 +172,6 @@ class TuneScreen(Screen[None]):
             for line in pareto_lines(data):
                 self.say(line)
 
-    def action_close(self) -> None:
-        if self._run_task is not None and self.running:
-            self._run_task.cancel()  # the command slot's task: the slot is free once it has ended
-            self.say("cancelling… (finished launches are kept)")
-            return
-        self.dismiss(None)
-
-    def action_kill(self) -> None:
-        """The dashboard's kill (asks first): the slot cancels this tune, then kills."""
-        self.dashboard.action_kill()
 
 
 def start_tune(dashboard: Dashboard) -> None:
