@@ -49,6 +49,7 @@ from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.server.progress import PlainProgress
 from app.core.server.status import inspect_job, status_to_json
+from app.core.server.warm import WeightCacheJob
 from app.core.telemetry.pagecache import page_cache_to_json, read_page_cache
 from app.core.telemetry.smi import snapshot_to_json, telemetry_for
 
@@ -221,6 +222,11 @@ async def cmd_status(args: argparse.Namespace) -> int:
     data = status_to_json(report)
     cache = await read_page_cache(host, profile.model)
     data["page_cache"] = page_cache_to_json(cache)
+    if profile.warm:  # the daemon outlives an engine kill: STOPPED alone would hide the GPU memory it holds
+        daemon = WeightCacheJob(host, profile, lambda text, level: None)
+        record = await daemon.current()
+        pids = sorted(await daemon.pids(record)) if record is not None else []
+        data["weight_cache"] = {"running": record is not None, "pid": record.pid if record else None, "pids": pids}
     if args.json:
         say(json.dumps(data, indent=2))
     else:
@@ -230,6 +236,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 say(f"  {key}: {data[key]}")
         if data.get("phase_times"):
             say(f"  phases: {_phase_line(data['phase_times'])}")
+        if "weight_cache" in data:
+            wc = data["weight_cache"]
+            say(f"  weight cache daemon: running, pids {', '.join(map(str, wc['pids']))} (`tunedash kill "
+                f"{profile.name} --all` stops it)" if wc["running"] else "  weight cache daemon: not running")
         if cache.fraction is not None or cache.model.startswith(("/", "~", ".")):  # not for a hub id
             say(f"  weights: {cache.describe()}")
         for name, value in sorted((data.get("flags") or {}).items()):

@@ -60,6 +60,10 @@ def test_warm_launch_kill_relaunch_and_kill_all(make_profile: MakeProfile, sim_s
     assert "STUCK" not in killed.stdout and "GPUs still held" not in killed.stdout
     assert all(mib > 25000 for mib in used(profile))  # the daemon's share stays on the GPUs
     assert live_group_members(server["pgid"]) == [] and live_group_members(daemon["pgid"]) != []
+    status = tunedash("status", str(profile))  # the engine is gone, the daemon's memory is not: say so
+    assert f"weight cache daemon: running, pids {daemon['pid']}" in status.stdout, status.stdout
+    cache = json.loads(tunedash("status", str(profile), "--json").stdout)["weight_cache"]
+    assert cache["running"] and cache["pid"] == daemon["pid"] and daemon["pid"] in cache["pids"]
 
     kept = tunedash("relaunch", str(profile), "--set", "cuda-graph-backend-prefill=breakable")
     assert kept.returncode == 0, kept.stdout + kept.stderr
@@ -77,6 +81,7 @@ def test_warm_launch_kill_relaunch_and_kill_all(make_profile: MakeProfile, sim_s
     assert "GPU0 0 MiB, GPU1 0 MiB" in freed.stdout
     assert used(profile) == [0, 0]
     assert live_group_members(records(sim_state)["t+weight-cache"]["pgid"]) == []
+    assert "weight cache daemon: not running" in tunedash("status", str(profile)).stdout
 
 
 def test_a_dead_daemon_takes_the_engine_and_is_named(make_profile: MakeProfile, sim_state: Path) -> None:
