@@ -30,6 +30,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(USER_DIRS, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def own_history(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test a history database of its own (the CLI subprocesses it starts inherit it): a launch's phase times
+    and runs of another test's profile "t" would otherwise change what this one reads (an ETA, "instead of")."""
+    folder = Path(tempfile.mkdtemp(prefix="history-", dir=USER_DIRS))
+    monkeypatch.setenv("TUNEDASH_DATA_DIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
 def sim_state(tmp_path: Path) -> Path:
     """A fresh simulated host in tmp_path/sim: 2 GPUs, 0.3 s release delay, a 0.4 s server startup unless

@@ -37,6 +37,7 @@ from app.core.profiles.loading import load_profile
 from app.core.profiles.types import Profile
 from app.core.server.events import ActionLogged, LifecycleView
 from app.core.server.jobs import JobRecord
+from app.core.server.progress import PhaseTracker
 from app.core.session import Session
 from app.tui.app import TunedashApp
 from tests.helpers import REPO
@@ -50,7 +51,7 @@ DEMO = REPO / "profiles" / "demo.toml"
 
 
 class FrozenClock:
-    """Stands in for the `time` module inside app.tui.app."""
+    """Stands in for the `time` module inside app.tui.dashboard and the widgets."""
 
     @staticmethod
     def time() -> float:
@@ -66,6 +67,9 @@ class FrozenClock:
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr("app.tui.dashboard.time", FrozenClock)
+    # the GPU panel keeps its own clock for its sample ages: frozen too, or an age would be the machine's uptime
+    # minus MONO, "stale 57m51s" once the machine has been up longer than MONO seconds
+    monkeypatch.setattr("widgets.gpu_panel.time", FrozenClock)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield
@@ -86,6 +90,8 @@ class FixedLifecycle:
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=30))
     holders: tuple[Holder, ...] = ()
     profile: Profile | None = None
+    # the real tracker with no history and no run under way: the Server panel shows no progress bar
+    phases: PhaseTracker = field(default_factory=lambda: PhaseTracker(None, lambda text, level: None, dict))
 
     def view(self) -> LifecycleView:
         assert self.profile is not None
