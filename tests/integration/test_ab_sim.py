@@ -44,17 +44,27 @@ def test_ab_steps_1_vs_3_then_bench_and_export(make_profile: MakeProfile, tmp_pa
     port = int(next(line.split("=")[1] for line in text.splitlines() if line.startswith("port")))
     data = tmp_path / "data"
 
+    # one stream: where speculation pays most (the speed model's ~1.45x); at concurrency 3 on a loaded 2-core
+    # machine the simulator's own CPU work per draft token made steps 3 come out as slow as steps 1 in 1 run of 5
+    one_stream = [x if i == 0 or SMALL[i - 1] != "--concurrency" else "1" for i, x in enumerate(SMALL)]
     done = _run(data, "ab", str(profile), "--a", "speculative-num-steps=1", "--b", "speculative-num-steps=3",
-                "--launches", "2", "--trials", "2", *SMALL, "--json")
+                "--launches", "2", "--trials", "2", *one_stream, "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     a, b = result["arms"]
     assert (a["n"], b["n"]) == (4, 4) and a["errors"] == b["errors"] == 0
     assert a["launches"] == b["launches"] == 2 and len(a["launch_values"]) == len(b["launch_values"]) == 2
     assert a["output_tokens"] == b["output_tokens"] == 2 * 2 * 6 * 48  # usage counts, warm-up excluded
-    assert result["ratio_ci"][0] > 1.0, result  # steps 3 is faster and the launch-level interval says so
+    assert result["ratio"] > 1.15, result  # steps 3 is faster (the speed model: about 1.4x at this shape)
     assert result["comparisons"][0]["df"] == 2.0
-    assert result["verdict"].startswith("B is") and "faster" in result["verdict"]
+    # The launch-level interval says so, unless the launch-to-launch spread is too wide for 2 launches per arm (on
+    # a loaded 2-core machine one launch of an arm ran ~25% off its other, about 1 run in 5): then the verdict
+    # must say that nothing can be claimed yet, and how many more launches would resolve it.
+    if result["ratio_ci"][0] > 1.0:
+        assert result["verdict"].startswith("B is") and "faster" in result["verdict"], result["verdict"]
+    else:
+        assert result["verdict"].startswith("no difference detectable"), result["verdict"]
+        assert "launches per arm" in result["verdict"], result["verdict"]
     assert b["accept_len"] > a["accept_len"] > 1.0
     with HistoryStore(data / "history.sqlite3") as store:
         run = store.run(result["run_id"])
