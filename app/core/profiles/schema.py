@@ -202,10 +202,7 @@ class ProfileReader:
             raise self.fail("ready_regex", "a custom profile needs a ready signal: ready_regex (a log line, e.g. "
                             "\"listening on\") and/or health_url (e.g. \"http://127.0.0.1:{port}/health\")")
         if ready_regex:
-            try:
-                re.compile(ready_regex)
-            except re.error as exc:
-                raise self.fail("ready_regex", f"not a valid regular expression: {exc}") from None
+            self.check_regex("ready_regex", ready_regex)
         if health_url and not health_url.startswith(("http://", "https://")):
             raise self.fail("health_url", f"expected an http:// or https:// URL, got {health_url!r}")
         if health_url and not _port_ok(health_url.replace("{port}", "1")):
@@ -249,10 +246,7 @@ class ProfileReader:
             raise self.fail("warm.ready_regex", "the daemon needs a ready signal: ready_regex (a line of its log) "
                             "and/or ready_file (a file it writes once ready, e.g. \"/tmp/daemon.ready\")")
         if ready_regex:
-            try:
-                re.compile(ready_regex)
-            except re.error as exc:
-                raise self.fail("warm.ready_regex", f"not a valid regular expression: {exc}") from None
+            self.check_regex("warm.ready_regex", ready_regex)
         if ready_file and not ready_file.startswith(("/", "{profile_dir}")):
             raise self.fail("warm.ready_file", f"expected an absolute path on the host (or one under "
                             f"{{profile_dir}}), got {ready_file!r}")
@@ -268,6 +262,13 @@ class ProfileReader:
                 if name in ("port", "model") and name not in got:
                     raise self.fail(where, f"uses {{{name}}} but the profile sets no {name}; add {name} = ...")
         return True, CustomDaemon(command, ready_regex, ready_file, client_args)
+
+    def check_regex(self, key: str, text: str) -> None:
+        """`text` compiles as a regular expression, else the error naming `key`."""
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise self.fail(key, f"not a valid regular expression: {exc}") from None
 
     def argv_list(self, table: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...]:
         """A non-empty list of strings (an argv), or its error naming `prefix + key`."""
