@@ -219,6 +219,7 @@ class DashboardScreen(Screen[None]):
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._unsubscribe: list[object] = []
+        self._chart_second = -1  # the wall-clock second of the last tick that could replot the chart
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -372,7 +373,13 @@ class DashboardScreen(Screen[None]):
             chart = self.query_one(ThroughputChart)
             chart.figures = (latest_figures(session.throughput, now_wall, since=life.since)
                              if life.state == ServerState.READY else "")
-            chart.flush()  # a replot (with the figures) at most every CHART_PERIOD_S, when it was sent new points
+            # a replot (with the figures) at most every CHART_PERIOD_S, when it was sent new points, and only on
+            # the tick that starts a new wall-clock second: the server panel's ages change on that tick too, so
+            # both land in one screen update (docs/decisions.md#ui-push-rate)
+            second = int(now_wall)
+            if second != self._chart_second:
+                self._chart_second = second
+                chart.flush()
             self._push_header(now_wall)
 
     def _push_server(self, life: LifecycleView, now_s: int) -> None:

@@ -39,3 +39,19 @@ def test_a_view_keeps_what_it_saw_while_the_lifecycle_writes_on(make_profile: Ca
         view.phase_times["kill"] = 9.0  # a fresh dict per view: a reader's change stays its own
         assert view.record.outcome == "running" and view.record.phase_times == {"load": 1.0}
         assert view.record.flags == {"x": 1} and "kill" not in live.phase_times
+
+
+def test_a_record_copy_shares_no_list_or_dict_with_the_original() -> None:
+    """JobRecord.copy (what a view holds, instead of copy.deepcopy): every list and dict new, a flag's list too."""
+    record = _record()
+    record.flags["cuda-graph-bs"] = [1, 2, 4]
+    record.baseline_mib = {"0": 5}
+    copied = record.copy()
+    assert copied == record
+    record.argv.append("--more")
+    record.flags["cuda-graph-bs"].append(8)
+    record.gpus.append(1)
+    record.baseline_mib["0"] = 7
+    record.phase_times["ready"] = 2.0
+    assert copied.argv == ["python", "-m", "s"] and copied.flags == {"x": 1, "cuda-graph-bs": [1, 2, 4]}
+    assert copied.gpus == [0] and copied.baseline_mib == {"0": 5} and copied.phase_times == {"load": 1.0}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import time
 from collections import deque
@@ -164,7 +163,7 @@ class ServerLifecycle:
         lifecycle goes on writing its own (outcome, ready_at, phase times) while a screen or an A/B holds this."""
         return LifecycleView(
             state=self.state, since=self.state_since,
-            record=None if self.record is None else copy.deepcopy(self.record), profile=self.profile,
+            record=None if self.record is None else self.record.copy(), profile=self.profile,
             phase_times=self.phase_times, notices=tuple(self.notices), fatal=self.fatal,
             last_lines=tuple(self.last_lines), holders=self.holders, health_ok=self.health_ok,
             last_decode=self.last_decode,
