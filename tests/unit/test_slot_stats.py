@@ -30,6 +30,10 @@ def test_two_candidates_two_slots_hand_computed() -> None:
     assert e1.factor == pytest.approx((0.96 * 0.97) ** 0.25, rel=1e-12)
     assert e1.ci == pytest.approx((math.exp(d / 2 - half), math.exp(d / 2 + half)), rel=1e-9)
     assert not fx.significant and fx.aa_text.startswith("no slot effect found: all 2 slots within ±")
+    # cov = s^2 C+ = u^2 [[1, -1], [-1, 1]]: slot 1 against slot 0 adds (-1, 1) cov (-1, 1)' = 4 u^2; same mix: 0
+    assert [x for row in fx.cov for x in row] == pytest.approx([u * u, -u * u, -u * u, u * u], rel=1e-9)
+    assert fx.mix_variance([0], [1]) == pytest.approx(4 * u * u, rel=1e-9)
+    assert fx.mix_variance([0, 1], [1, 0]) == pytest.approx(0.0, abs=1e-18)
     adjusted = adjust_for_slots(obs, fx)
     assert adjusted[1].values[0] == pytest.approx(96.0 / e1.factor) and adjusted[1].slot == 1
     assert adjusted[0].values[0] == pytest.approx(100.0 / e0.factor)

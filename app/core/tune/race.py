@@ -26,9 +26,11 @@ A candidate whose first `max_failed_launches` launches all gave no trial value a
 one that keeps failing at one shape only stops blocking that shape after as many launches without a value there.
 Slots (`tunedash tune --slots N`, docs/decisions.md "Tune: slots as a blocking factor"): when the launches ran on
 two or more slots and `slot_blocking` is set, the slots' effects are estimated (app.core.tune.slots_stats) and the
-rule races on every value divided by its slot's factor; each shape's pooled spread then has S - 1 fewer degrees of
-freedom (S slots: the effects were fitted from the same residuals). Decision.slots carries the effects and the A/A
-across slots whenever the launches ran on two or more slots (blocking or not).
+rule races on every value divided by its slot's factor (once the effects have a residual degree of freedom); each
+shape's pooled spread then has S - 1 fewer degrees of freedom (S slots: the effects were fitted from the same
+residuals), and each comparison with the front is widened by the variance the effects' estimation error adds over
+the two candidates' slot mixes (SlotEffects.mix_variance; 0 when both ran on the same slots). Decision.slots
+carries the effects and the A/A across slots whenever the launches ran on two or more slots (blocking or not).
 """
 
 from __future__ import annotations
@@ -234,10 +236,16 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
     """The racing rule applied to every observation so far (module docstring). Raises RaceError on bad input."""
     _check(candidates, shapes, obs)
     slot_fx = estimate_slot_effects(obs)  # None unless the launches ran on >= 2 slots
+    blocking = slot_fx is not None and slot_fx.estimated and slot_fx.residual_df >= 1 and rule.slot_blocking
     df_lost = 0
-    if slot_fx is not None and slot_fx.estimated and rule.slot_blocking:
+    slots_of: dict[tuple[str, str], list[int]] = {}  # (shape, candidate) -> the slots of its launches with a value
+    if blocking:
+        assert slot_fx is not None
         obs = adjust_for_slots(obs, slot_fx)
         df_lost = len(slot_fx.effects) - 1
+        for o in sorted(obs, key=lambda o: o.launch):
+            if o.values and o.slot is not None:
+                slots_of.setdefault((o.shape, o.candidate), []).append(o.slot)
     index = {c: i for i, c in enumerate(candidates)}
     by_launch: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
     launch_ids: dict[str, set[int]] = {c: set() for c in candidates}
@@ -289,7 +297,15 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
             elif front is None:
                 row[c] = _Compare(OPEN, None, None)
             else:
-                row[c] = _compare(data(shape, front), data(shape, c), rule, spreads[shape], level)
+                pair_spread = spreads[shape]
+                if blocking and pair_spread is not None:  # widened by the slot effects' error over the two mixes
+                    assert slot_fx is not None
+                    extra = slot_fx.mix_variance(slots_of.get((shape, front), []), slots_of.get((shape, c), []))
+                    n_f, n_c = len(data(shape, front)), len(data(shape, c))
+                    if extra > 0 and n_f and n_c:
+                        sd = math.sqrt(pair_spread.sd ** 2 + extra / (1 / n_f + 1 / n_c))
+                        pair_spread = LaunchSpread(sd, pair_spread.df)
+                row[c] = _compare(data(shape, front), data(shape, c), rule, pair_spread, level)
         compares[shape] = row
 
     if not warmup:

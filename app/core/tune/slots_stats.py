@@ -64,13 +64,29 @@ class SlotEffect:
 class SlotEffects:
     """Every slot's effect, the A/A across slots as one sentence, and whether some slot differs (its interval
     excludes 1). estimated: False while the slots are not linked by candidates that ran on two of them (the
-    factors are then 1.0); residual_df: the degrees of freedom of the residual spread the intervals use."""
+    factors are then 1.0); residual_df: the degrees of freedom of the residual spread the intervals use; cov: the
+    covariance of the log effects' estimates (s^2 C+, rows in `effects` order; () without residual df)."""
 
     effects: tuple[SlotEffect, ...]
     aa_text: str
     significant: bool
     estimated: bool = True
     residual_df: int = 0
+    cov: tuple[tuple[float, ...], ...] = ()
+
+    def mix_variance(self, a: Sequence[int], b: Sequence[int]) -> float:
+        """The variance that the effects' estimation error adds to log(mean of `b`'s launches / mean of `a`'s), both
+        adjusted, from the slots their launches ran on: (w_b - w_a)' cov (w_b - w_a), w = each slot's share of the
+        launches (0 without cov or launches; slots the estimate does not know count as unadjusted)."""
+        if not self.cov or not a or not b:
+            return 0.0
+        pos = {e.slot: i for i, e in enumerate(self.effects)}
+        w = [0.0] * len(self.effects)
+        for slots, sign in ((b, 1.0), (a, -1.0)):
+            for s in slots:
+                if s in pos:
+                    w[pos[s]] += sign / len(slots)
+        return max(0.0, sum(w[i] * self.cov[i][j] * w[j] for i in range(len(w)) for j in range(len(w))))
 
     def factor(self, slot: int | None) -> float:
         """The factor of `slot` (1.0 for None or a slot not in the estimate)."""
@@ -202,8 +218,10 @@ def estimate_slot_effects(obs: Sequence[Obs]) -> SlotEffects | None:
     launches = sum(len(rows) for rows in blocks.values())
     df = launches - len(blocks) - (k - 1)
     effects: list[SlotEffect] = []
+    cov: tuple[tuple[float, ...], ...] = ()
     if df >= 1:
         sd = math.sqrt(rss / df)
+        cov = tuple(tuple(sd * sd * cplus[a][b] for b in range(k)) for a in range(k))
         t_q = t_quantile(1 - (1 - CONFIDENCE) / (2 * k), df)
         for s in slots:
             half = t_q * sd * math.sqrt(max(cplus[pos[s]][pos[s]], 0.0))
@@ -212,7 +230,7 @@ def estimate_slot_effects(obs: Sequence[Obs]) -> SlotEffects | None:
     else:
         effects = [SlotEffect(s, math.exp(e[pos[s]]), None, counts[s]) for s in slots]
     significant = any(x.ci is not None and (x.ci[0] > 1.0 or x.ci[1] < 1.0) for x in effects)
-    return SlotEffects(tuple(effects), _aa_text(effects, significant), significant, True, max(df, 0))
+    return SlotEffects(tuple(effects), _aa_text(effects, significant), significant, True, max(df, 0), cov)
 
 
 def adjust_for_slots(obs: Sequence[Obs], effects: SlotEffects) -> list[Obs]:
