@@ -29,8 +29,10 @@ two or more slots and `slot_blocking` is set, the slots' effects are estimated (
 rule races on every value divided by its slot's factor (once the effects have a residual degree of freedom); each
 shape's pooled spread then has S - 1 fewer degrees of freedom (S slots: the effects were fitted from the same
 residuals), and each comparison with the front is widened by the variance the effects' estimation error adds over
-the two candidates' slot mixes (SlotEffects.mix_variance; 0 when both ran on the same slots). Decision.slots
-carries the effects and the A/A across slots whenever the launches ran on two or more slots (blocking or not).
+the two candidates' slot mixes (SlotEffects.mix_variance; 0 when both ran on the same slots). The boards' means
+and intervals are then those of the adjusted values (what each candidate would measure on the average slot), so
+whoever rebuilds a decision from stored launches must pass their slots too. Decision.slots carries the effects and
+the A/A across slots whenever the launches ran on two or more slots (blocking or not).
 """
 
 from __future__ import annotations
