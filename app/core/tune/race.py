@@ -24,6 +24,15 @@ The rule (docs/decisions.md, "Tune: the racing rule"):
   failed launches included).
 A candidate whose first `max_failed_launches` launches all gave no trial value anywhere is eliminated for that;
 one that keeps failing at one shape only stops blocking that shape after as many launches without a value there.
+Slots (`tunedash tune --slots N`, docs/decisions.md "Tune: slots as a blocking factor"): when the launches ran on
+two or more slots and `slot_blocking` is set, the slots' effects are estimated (app.core.tune.slots_stats) and the
+rule races on every value divided by its slot's factor (once the effects have a residual degree of freedom); each
+shape's pooled spread then has S - 1 fewer degrees of freedom (S slots: the effects were fitted from the same
+residuals), and each comparison with the front is widened by the variance the effects' estimation error adds over
+the two candidates' slot mixes (SlotEffects.mix_variance; 0 when both ran on the same slots). The boards' means
+and intervals are then those of the adjusted values (what each candidate would measure on the average slot), so
+whoever rebuilds a decision from stored launches must pass their slots too. Decision.slots carries the effects and
+the A/A across slots whenever the launches ran on two or more slots (blocking or not).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from types import MappingProxyType
 
 from app.core.errors import TunedashError
 from app.core.measure.stats import LaunchSpread, launch_arm_stats, launch_ratio_stats, pooled_launch_spread
+from app.core.tune.obs import Obs
+from app.core.tune.slots_stats import SlotEffects, adjust_for_slots, estimate_slot_effects
 
 # A Standing's state at its shape.
 LEADER = "leader"  # the front: highest mean among alive candidates (the leader once the shape is resolved)
@@ -52,19 +63,6 @@ class RaceError(TunedashError):
 
 
 @dataclass(frozen=True)
-class Obs:
-    """One launch's measurement of one candidate at one shape: its trial values (higher = better, > 0).
-
-    `launch` identifies the launch among that candidate's launches; empty `values` = the launch ran but no
-    trial at this shape succeeded (the launch still counts as spent)."""
-
-    candidate: str
-    shape: str
-    launch: int
-    values: tuple[float, ...]
-
-
-@dataclass(frozen=True)
 class RaceRule:
     """What the race needs to decide: the confidence per elimination, the tie margin and the launch budget."""
 
@@ -75,6 +73,7 @@ class RaceRule:
     max_failed_launches: int = 2  # launches without any value before a candidate is dropped for failing
     pool_spread: bool = True  # one launch-to-launch spread per shape, pooled over every candidate (else pairwise)
     bonferroni: bool = True  # split 1 - confidence over the comparisons with the front at a shape (alive - 1)
+    slot_blocking: bool = True  # obs on >= 2 slots: race on values adjusted for the slots' effects (slots_stats)
 
     def __post_init__(self) -> None:
         problems = []
@@ -136,6 +135,7 @@ class Decision:
     done: bool
     why_done: str  # "every shape separated" / "budget spent: 40 of 40 launches" / ... ("" while not done)
     launches_spent: int = 0
+    slots: SlotEffects | None = None  # the slots' effects and A/A when obs ran on >= 2 slots (else None)
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ def _check(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs])
             seen.add(name)
     known_c, known_s = set(candidates), set(shapes)
     keys: set[tuple[str, str, int]] = set()
+    slot_of: dict[tuple[str, int], int | None] = {}
     for o in obs:
         where = f"candidate {o.candidate!r}, shape {o.shape!r}, launch {o.launch}"
         if o.candidate not in known_c:
@@ -173,6 +174,11 @@ def _check(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs])
         if key in keys:
             problems.append(f"{where}: observed twice")
         keys.add(key)
+        if o.slot is not None and (isinstance(o.slot, bool) or not isinstance(o.slot, int) or o.slot < 0):
+            problems.append(f"{where}: slot must be an integer >= 0 or None (got {o.slot!r})")
+        elif slot_of.setdefault((o.candidate, o.launch), o.slot) != o.slot:
+            problems.append(f"{where}: slot {o.slot} but the same launch ran on slot "
+                            f"{slot_of[(o.candidate, o.launch)]} at another shape (one launch, one slot)")
         bad = [v for v in o.values if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]
         if bad:
             problems.append(f"{where}: trial values must be finite and > 0 (got {bad[:3]!r})")
@@ -231,6 +237,17 @@ def _duels(boards: list[ShapeBoard], alive: list[str], need: set[str], launches:
 def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs], rule: RaceRule) -> Decision:
     """The racing rule applied to every observation so far (module docstring). Raises RaceError on bad input."""
     _check(candidates, shapes, obs)
+    slot_fx = estimate_slot_effects(obs)  # None unless the launches ran on >= 2 slots
+    blocking = slot_fx is not None and slot_fx.estimated and slot_fx.residual_df >= 1 and rule.slot_blocking
+    df_lost = 0
+    slots_of: dict[tuple[str, str], list[int]] = {}  # (shape, candidate) -> the slots of its launches with a value
+    if blocking:
+        assert slot_fx is not None
+        obs = adjust_for_slots(obs, slot_fx)
+        df_lost = len(slot_fx.effects) - 1
+        for o in sorted(obs, key=lambda o: o.launch):
+            if o.values and o.slot is not None:
+                slots_of.setdefault((o.shape, o.candidate), []).append(o.slot)
     index = {c: i for i, c in enumerate(candidates)}
     by_launch: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
     launch_ids: dict[str, set[int]] = {c: set() for c in candidates}
@@ -263,6 +280,9 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
     spreads: dict[str, LaunchSpread | None] = {}
     for shape in shapes:
         spreads[shape] = pooled_launch_spread([data(shape, c) for c in candidates]) if rule.pool_spread else None
+        spread = spreads[shape]
+        if df_lost and spread is not None:  # the slot effects were fitted from these residuals too
+            spreads[shape] = LaunchSpread(spread.sd, spread.df - df_lost) if spread.df > df_lost else None
         means = {c: launch_arm_stats(data(shape, c)).mean for c in alive}
         with_mean = [c for c in alive if means[c] is not None]
         front = max(with_mean, key=lambda c: (means[c], -index[c])) if with_mean else None
@@ -279,7 +299,15 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
             elif front is None:
                 row[c] = _Compare(OPEN, None, None)
             else:
-                row[c] = _compare(data(shape, front), data(shape, c), rule, spreads[shape], level)
+                pair_spread = spreads[shape]
+                if blocking and pair_spread is not None:  # widened by the slot effects' error over the two mixes
+                    assert slot_fx is not None
+                    extra = slot_fx.mix_variance(slots_of.get((shape, front), []), slots_of.get((shape, c), []))
+                    n_f, n_c = len(data(shape, front)), len(data(shape, c))
+                    if extra > 0 and n_f and n_c:
+                        sd = math.sqrt(pair_spread.sd ** 2 + extra / (1 / n_f + 1 / n_c))
+                        pair_spread = LaunchSpread(sd, pair_spread.df)
+                row[c] = _compare(data(shape, front), data(shape, c), rule, pair_spread, level)
         compares[shape] = row
 
     if not warmup:
@@ -346,4 +374,4 @@ def decide(candidates: Sequence[str], shapes: Sequence[str], obs: Sequence[Obs],
         nxt = []
     elif rule.max_launches is not None:
         nxt = nxt[: rule.max_launches - spent]
-    return Decision(tuple(boards), MappingProxyType(dict(eliminated)), tuple(nxt), done, why, spent)
+    return Decision(tuple(boards), MappingProxyType(dict(eliminated)), tuple(nxt), done, why, spent, slot_fx)
