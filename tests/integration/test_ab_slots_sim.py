@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
-from tests.helpers import REPO, free_port, kill_launched, wait_until
+from tests.helpers import REPO, MakeProfile, free_port, kill_launched, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +128,15 @@ def test_ab_on_two_slots_finds_the_slow_slot_and_no_difference(tmp_path: Path) -
             proc.kill()
             proc.communicate()
         kill_launched(state)
+
+
+def test_too_few_free_gpus_is_bad_input_and_launches_nothing(make_profile: MakeProfile, sim_state: Path,
+                                                              tmp_path: Path) -> None:
+    profile = make_profile()  # the default simulated host: 2 GPUs, so one slot of 2
+    env = {**os.environ, DATA_DIR_ENV: str(tmp_path / "data")}
+    for slots, says in (("2", "--slots 2 needs 2 sets of 2 adjacent free GPUs; 1 fit"), ("3", "1 slot or 2")):
+        done = subprocess.run([sys.executable, "-m", "app", "ab", str(profile), "--slots", slots, "--a", "",
+                               "--b", "", *SMALL], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr, done.stderr
+    assert _live_records(sim_state) == []  # refused before anything was launched
