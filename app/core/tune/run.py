@@ -297,8 +297,11 @@ class TuneRunner:
                     if not self._in_flight:
                         return self.decision or decision
                     await changed.wait()
-        except* TuneFailed as failed:
-            raise failed.exceptions[0] from None
+        except BaseExceptionGroup as failed:  # a launch that failed (the others were cancelled): raised as itself
+            first: BaseException = failed
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
 
     def _next_number(self, candidate: int) -> int:
         """The next launch number of `candidate`, past the stored ones and those in flight."""
