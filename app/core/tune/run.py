@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.data import ServerState
+from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.bench import run_bench
 from app.core.measure.experiment import EnergyFor, ServerOwner
 from app.core.measure.http_probes import server_info
@@ -177,6 +178,11 @@ class TuneRunner:
             note = str(exc)
             self._emit("failed", note)
             raise
+        except AllocationEnding as ending:  # kept and resumable on a new allocation
+            status, note = "stopped", (f"stopped: allocation ending. {ending}; `tunedash tune {self.spec.profile.name}"
+                                       f" --resume {self.run_id}` on a new allocation goes on")
+            self._emit("failed", note)
+            raise TuneFailed(note, ending.reason) from None
         finally:
             self.status, self.note = status, note
             if self.store is not None and self.run_id is not None:
@@ -228,6 +234,7 @@ class TuneRunner:
         k = self.state.next_launch(candidate)
         profile = self._profile(candidate)
         which = f"launch {self.state.spent() + 1}/{spec.max_launches}: {c.label} (its launch {k + 1})"
+        await check_fits(self.owner.host, max(self._launch_walls, default=0.0), f"candidate {c.label}")
         self._emit("launch", which)
         started = time.monotonic()
         try:
