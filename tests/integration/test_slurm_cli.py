@@ -63,6 +63,8 @@ def test_the_loop_through_slurm(slurm_profile: MakeProfile, sim_state: Path, tmp
     killed = tunedash("kill", str(profile), "--confirm-free")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "GPU0 0 MiB, GPU1 0 MiB" in killed.stdout
+    last_step = json.loads((sim_state / "host" / "slurm" / "steps" / str(last["pid"])).read_text())["step"]
+    assert f"scancel --signal=TERM {last_step} (the server's step on" in killed.stdout  # what really happened
     assert live_group_members(last["pgid"]) == []
     assert not [name for name in _steps(job).values() if name.startswith("tunedash-")]  # no step left behind
     assert subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
