@@ -32,6 +32,7 @@ from app.core.data import ServerState
 from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host
 from app.core.measure.acceptance import AcceptanceMeter
+from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.bench import BenchResult, BenchSpec, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.http_probes import server_info
@@ -195,10 +196,6 @@ class ExperimentResult:
         return self.report().to_json()
 
 
-FIT_MARGIN = 1.25  # a launch starts only when the allocation has this many times the longest launch so far left
-FIRST_LAUNCH_MIN_S = 60.0  # ... and at least this much before any launch of the run finished
-
-
 class ServerOwner(Protocol):
     """Whoever owns the server the experiment relaunches: the dashboard's Session, or the CLI's ServerLifecycle.
 
@@ -302,29 +299,15 @@ class Experiment:
             if (step.arm, step.launch) != current:
                 if started is not None:
                     longest = max(longest, time.monotonic() - started)
-                await self._fits_in_allocation(step.arm, longest)
+                try:
+                    await check_fits(self.owner.host, longest, f"arm {self.spec.arms[step.arm].label}")
+                except AllocationEnding as ending:
+                    raise ExperimentFailed(str(ending), ending.reason) from None
                 started = time.monotonic()
                 await self._relaunch(step.arm, step.launch, done, len(order))
                 current = (step.arm, step.launch)
                 self.result.arms[step.arm].launches.append([])
             await self._trial(step, done, len(order))
-
-    async def _fits_in_allocation(self, arm_idx: int, longest_s: float) -> None:
-        """Refuse a launch the host's allocation (a Slurm job's time limit) would cut short: it needs
-        FIT_MARGIN x the longest launch of this run so far, and at least FIRST_LAUNCH_MIN_S before any launch
-        finished (docs/decisions.md#a-launch-must-fit-in-the-allocation). Hosts without an end pass at once."""
-        # getattr: owners in tests hand in duck-typed hosts with only http_base; every Host has time_left_s
-        time_left = getattr(self.owner.host, "time_left_s", None)
-        left = await time_left() if time_left is not None else None
-        if left is None:
-            return
-        need = max(FIRST_LAUNCH_MIN_S, FIT_MARGIN * longest_s)
-        if left < need:
-            raise ExperimentFailed(
-                f"arm {self.spec.arms[arm_idx].label}: the allocation on {self.owner.host.name} ends in {left:.0f} s, "
-                f"a launch needs about {need:.0f} s (the longest so far {longest_s:.0f} s x {FIT_MARGIN}); not "
-                "started, the finished launches are kept. Ask for a longer allocation ([slurm] time)",
-                Reason.START_FAILED)
 
     async def _relaunch(self, arm_idx: int, launch_idx: int, done: int, total: int) -> None:
         arm = self.spec.arms[arm_idx]

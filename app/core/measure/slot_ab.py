@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.crossover import crossover_rounds, slot_flags
 from app.core.measure.experiment import (
     EnergyFor,
@@ -71,7 +72,10 @@ class SlotExperiment(Experiment):
         total = len(spec.schedule())
         longest = 0.0
         for r in range(spec.launches):
-            await self._fits_in_allocation(0, longest)
+            try:
+                await check_fits(self.owner.host, longest, f"round {r + 1} (A and B)")
+            except AllocationEnding as ending:
+                raise ExperimentFailed(str(ending), ending.reason) from None
             started = time.monotonic()
             await _together([self._relaunch(arm, r, self._done, total) for arm in (0, 1)])
             for arm in (0, 1):
