@@ -209,7 +209,7 @@ def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> Non
     data = tune_results(spec, runner.state, runner.decision or runner.decide(), status=runner.status,
                         run_id=runner.run_id, note=runner.note, ended_on=runner.ended_on)
     if args.json:
-        say(json.dumps(data, indent=2))
+        say(json.dumps(data.to_json(), indent=2))
         return
     say("")
     say(results_text(data))
