@@ -1,6 +1,6 @@
 """The tune results' JSON (`tune --json`, the stored summary, `export --format json`) is a contract: a small known
-race (4 candidates x 2 shapes, one out, one never up, failed launches, a constraint broken, energy at one shape) gives exactly
-the golden dict below, key for key and in order, whatever the results are built from inside the process."""
+race (4 candidates x 2 shapes, one out, one never up, failed launches, a constraint broken, energy at one shape)
+gives exactly the golden file, key for key and in order, whatever the results are built from inside the process."""
 
 from __future__ import annotations
 
