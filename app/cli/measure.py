@@ -133,8 +133,8 @@ async def cmd_bench(args: argparse.Namespace) -> int:
             running_flags=record.flags if record else profile.flags,
             on_result=_progress_printer(spec.requests, args.json), energy=energy_meter_for(host, profile))
     if args.json:
-        say(json.dumps({"run_id": done.run_id, "profile": profile.name, "params": spec.to_json(), **done.summary},
-                       indent=2))
+        say(json.dumps({"run_id": done.run_id, "profile": profile.name, "params": spec.to_json(),
+                        **done.summary.to_json()}, indent=2))
     else:
         say(text_table(bench_rows(done.summary)))
         for line in summary_lines(done.summary):

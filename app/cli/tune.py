@@ -288,15 +288,16 @@ async def _free_slots(args: argparse.Namespace, slots: list[Slot], lifecycles: l
 def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> None:
     data = tune_results(spec, runner.state, runner.decision or runner.decide(), status=runner.status,
                         run_id=runner.run_id, note=runner.note, ended_on=runner.ended_on)
-    if runner.parallel:
-        data["slots"] = runner.slots_json()
+    slots = runner.slots_json() if runner.parallel else None
     if args.json:
-        say(json.dumps(data, indent=2))
+        out = data.to_json()
+        if slots is not None:
+            out["slots"] = slots
+        say(json.dumps(out, indent=2))
         return
     say("")
     say(results_text(data))
-    if runner.parallel:
-        slots = data["slots"]
+    if slots is not None:
         say("slots: " + (slots["aa"] or "one slot measured so far: no slot effect"))
         for row in slots["slots"]:
             factor = "" if row["factor"] is None else f", factor {row['factor']:.3f}" + (

@@ -286,7 +286,7 @@ class HistoryScreen(Screen[None]):
             diff = ", ".join(f"--{c.flag} {c.old} -> {c.new}" for c in report.config_diff)
             self.query_one("#detail", Static).update(f"{report.verdict or ''}\n{diff}")
         else:
-            _table(detail, bench_rows(report.summary or {}))
+            _table(detail, bench_rows(report.summary))
             self.query_one("#detail", Static).update("")
         self.query_one(ComparePlots).show(compare_plots_view(report.experiment, requests))
         self.query_one(TrendPlot).show(trend_view(report.run, others))

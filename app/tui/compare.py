@@ -53,7 +53,7 @@ def run_verdict(report: RunReport) -> str:
 
 def table_rows(report: RunReport) -> list[list[str]]:
     """The screen's table: the arms for an A/B, the summary for a bench."""
-    return arm_rows(report.experiment) if report.run.kind == "ab" else bench_rows(report.summary or {})
+    return arm_rows(report.experiment) if report.run.kind == "ab" else bench_rows(report.summary)
 
 
 def svg_size(rows: list[list[str]]) -> tuple[int, int]:

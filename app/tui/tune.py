@@ -22,24 +22,23 @@ from app.core.errors import TunedashError
 from app.core.telemetry.energy import energy_meter_for
 from app.core.tune.export import board_rows, pareto_lines, summary_lines
 from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec
-from app.core.tune.results import tune_results
+from app.core.tune.results import TuneResults, tune_results
 from app.core.tune.run import TuneProgress, TuneRunner
 from app.core.tune.space import build_space
 from app.tui.bench import Dashboard, SlotScreen, open_store
 from widgets.pareto_plot import ParetoPlot, ParetoView
 
 
-def pareto_views(data: dict[str, Any]) -> tuple[ParetoView, ParetoView]:
+def pareto_views(data: TuneResults) -> tuple[ParetoView, ParetoView]:
     """The results' two Pareto fronts as the plots' views: per stream vs total tok/s, per stream vs J/token."""
-    pareto = data["pareto"]
-    points = pareto["points"]
+    points = data.pareto.points
     views = []
-    for key, yk, title in (("stream_vs_total", "total_tok_s", "Pareto: per stream vs total tok/s"),
-                           ("stream_vs_j_per_token", "j_per_token", "Pareto: per stream vs J/token")):
-        got = tuple((p["stream_tok_s"], p[yk]) for p in points
-                    if p.get("stream_tok_s") is not None and p.get(yk) is not None)
-        front = tuple((points[i]["stream_tok_s"], points[i][yk]) for i in pareto[key]["front"])
-        views.append(ParetoView(title, "tok/s per stream", yk.replace("_", " "), got, front))
+    for front, yk, title in ((data.pareto.stream_vs_total, "total_tok_s", "Pareto: per stream vs total tok/s"),
+                             (data.pareto.stream_vs_j_per_token, "j_per_token", "Pareto: per stream vs J/token")):
+        xy = [(p.figures.stream_tok_s, p.figures.axis(yk)) for p in points]
+        got = tuple((x, y) for x, y in xy if x is not None and y is not None)
+        on = tuple((x, y) for i in front.front if (x := xy[i][0]) is not None and (y := xy[i][1]) is not None)
+        views.append(ParetoView(title, "tok/s per stream", yk.replace("_", " "), got, on))
     return views[0], views[1]
 
 
@@ -66,7 +65,7 @@ class TuneScreen(SlotScreen):
     def __init__(self, dashboard: Dashboard) -> None:
         super().__init__(dashboard)
         self.runner: TuneRunner | None = None
-        self.data: dict[str, Any] | None = None  # the latest results JSON (live, then final)
+        self.data: TuneResults | None = None  # the latest results (live, then final)
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -150,24 +149,24 @@ class TuneScreen(SlotScreen):
                 self.say(f"saved as run #{runner.run_id} (tunedash export {runner.run_id} --format md)")
                 store.close()
 
-    def show(self, data: dict[str, Any], *, final: bool = False) -> None:
+    def show(self, data: TuneResults, *, final: bool = False) -> None:
         """The leaderboards, the eliminated with why, and (final) the verdicts, best config and Pareto fronts."""
         self.data = data
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        header = ["shape", *board_rows(data, data["shapes"][0])[0]] if data["shapes"] else ["shape"]
+        header = ["shape", *board_rows(data, data.shapes[0])[0]] if data.shapes else ["shape"]
         table.add_columns(*header)
-        for shape in data["shapes"]:
-            table.add_row(shape["shape"], *[""] * (len(header) - 2), shape["verdict"][:60])
+        for shape in data.shapes:
+            table.add_row(shape.shape, *[""] * (len(header) - 2), shape.verdict[:60])
             for row in board_rows(data, shape)[1:]:
                 table.add_row("", *row)
-        out = [f"{c['label']}: {c['why_out']}" for c in data["candidates"] if not c["alive"]]
+        out = [f"{c.label}: {c.why_out}" for c in data.out]
         self.query_one("#out", Static).update("eliminated:\n" + "\n".join(out) if out else "")
         total, energy = pareto_views(data)
         self.query_one("#pareto-total", ParetoPlot).show(total)
         self.query_one("#pareto-energy", ParetoPlot).show(energy)
         if final:  # what the server runs first: at 40 rows the rest may not fit (the plots show the fronts)
-            lines = [f"the server runs {data['ended_on']}"] if data.get("ended_on") else []
+            lines = [f"the server runs {data.ended_on}"] if data.ended_on else []
             self.query_one("#summary", Static).update("\n".join([*lines, *summary_lines(data)]))
             for line in pareto_lines(data):
                 self.say(line)

@@ -63,8 +63,8 @@ async def test_t_races_the_tune_table_and_ends_on_the_winner(profile: Profile, t
         await until(pilot, lambda: screen._run_task is not None and screen._run_task.done(), timeout=120,
                     what="tune done", detail=lambda: _log(screen))
         await pilot.pause(0.2)
-        assert screen.data is not None and screen.data["status"] == "done", _log(screen)
-        assert screen.data["launches"]["spent"] == 3
+        assert screen.data is not None and screen.data.status == "done", _log(screen)
+        assert screen.data.launches.spent == 3
         table = screen.query_one(DataTable)
         shapes = [table.get_row_at(i)[0] for i in range(table.row_count)]
         assert [s for s in shapes if s] == ["c1 16/16", "c2 16/16"] and table.row_count == 6  # 2 x (header + 2)

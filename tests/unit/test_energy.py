@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from app.core.measure.bench import NOT_MEASURED, BenchSpec, meets_slo, summarize, summary_lines
+from app.core.measure.bench import NOT_MEASURED, BenchSpec, BenchSummary, meets_slo, summarize, summary_lines
 from app.core.measure.client import RequestResult
 from app.core.profiles.loading import parse_profile
 from app.core.profiles.types import ProfileError
@@ -254,11 +254,13 @@ def test_goodput_on_known_requests() -> None:
 def test_summary_energy_fields_and_lines() -> None:
     results = [_result(100, 20, tokens=100) for _ in range(4)]
     reading = EnergyReading(METHOD_SMI, (0, 1), 2.0, (500.0, 300.0), samples=40)
-    summary = summarize(results, 2.0, slo_ttft_ms=150, energy=reading).to_json()
+    typed = summarize(results, 2.0, slo_ttft_ms=150, energy=reading)
+    summary = typed.to_json()
     assert set(summary["energy"]) == ENERGY_KEYS and summary["energy_note"] == ""
     assert summary["energy"]["j_per_token"] == pytest.approx(2.0) and summary["energy"]["mean_w_per_gpu"] == \
         [250.0, 150.0]
-    energy_line, goodput_line = summary_lines(summary)
+    assert BenchSummary.from_json(summary) == typed  # the store's JSON reads back as the same summary
+    energy_line, goodput_line = summary_lines(typed)
     assert energy_line == ("energy (nvidia-smi power.draw integral): 800.0 J on 2 GPUs, mean 250.0, 150.0 W per GPU; "
                            "2 J/token, 0.5 tokens/J")
     assert goodput_line == "goodput: 2 req/s within TTFT <= 150 ms (4 of 4 requests); throughput 2 req/s"
@@ -267,11 +269,12 @@ def test_summary_energy_fields_and_lines() -> None:
 def test_unavailable_energy_prints_why_never_zero() -> None:
     results = [_result(100, 20, tokens=100)]
     missing = EnergyReading(METHOD_SMI, (0, 1), 2.0, None, "GPU 1: power.draw [N/A]")
-    summary: dict[str, Any] = summarize(results, 1.0, energy=missing).to_json()
+    typed = summarize(results, 1.0, energy=missing)
+    summary: dict[str, Any] = typed.to_json()
     assert summary["energy"] is None
-    assert summary_lines(summary) == ["energy: unavailable (nvidia-smi power.draw integral: GPU 1: power.draw [N/A])"]
-    unmetered = summarize(results, 1.0).to_json()
-    assert unmetered["energy"] is None and unmetered["energy_note"] == NOT_MEASURED
+    assert summary_lines(typed) == ["energy: unavailable (nvidia-smi power.draw integral: GPU 1: power.draw [N/A])"]
+    unmetered = summarize(results, 1.0)
+    assert unmetered.energy is None and unmetered.energy_note == NOT_MEASURED
     assert summary_lines(unmetered) == [f"energy: unavailable ({NOT_MEASURED})"]
 
 

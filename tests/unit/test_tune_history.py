@@ -46,7 +46,7 @@ def _tune_run(store: HistoryStore) -> int:
                                                       "label": s.label} for s in SHAPES]}
     run = store.start_run("tune", profile="t", host="sim", backend="sglang", model="m", params=params,
                           arms=[(c.label, "", c.flags) for c in candidates])
-    store.finish_run(run, "done", summary=tune_results(setup, state, decision, status="done", run_id=run))
+    store.finish_run(run, "done", summary=tune_results(setup, state, decision, status="done", run_id=run).to_json())
     return run
 
 

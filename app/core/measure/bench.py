@@ -18,7 +18,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,39 @@ class BenchSummary:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BenchSummary:
+        """A summary as the store holds it (`to_json`, accept_len and accept_source included). A key a run stored
+        before it existed takes its default (no energy meter, no SLO; counts 0, figures None); unknown keys are
+        dropped, so `from_json(s.to_json()) == s`."""
+        def dist(key: str) -> dict[str, float | None]:
+            got = data.get(key)
+            return dict(got) if isinstance(got, Mapping) else {"p50": None, "p90": None, "p99": None, "mean": None}
+
+        def count(key: str) -> int:
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        def number(key: str) -> float | None:
+            value = data.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        kinds, energy, slo = data.get("error_kinds"), data.get("energy"), data.get("slo")
+        wall = number("wall_s")
+        return cls(
+            requests=count("requests"), completed=count("completed"), errors=count("errors"),
+            error_kinds=dict(kinds) if isinstance(kinds, Mapping) else {}, usage_missing=count("usage_missing"),
+            output_tokens=count("output_tokens"), wall_s=0.0 if wall is None else wall,
+            output_tok_s=number("output_tok_s"), request_rate=number("request_rate"),
+            stream_decode_tok_s=number("stream_decode_tok_s"), ttft_ms=dist("ttft_ms"), tpot_ms=dist("tpot_ms"),
+            itl_ms=dist("itl_ms"), e2e_ms=dist("e2e_ms"), accept_len=number("accept_len"),
+            accept_source=str(data.get("accept_source") or ""),
+            energy=dict(energy) if isinstance(energy, Mapping) else None,
+            energy_note=str(data.get("energy_note", NOT_MEASURED) or ""),
+            slo=dict(slo) if isinstance(slo, Mapping) else None,
+            slo_met=data.get("slo_met") if isinstance(data.get("slo_met"), int) else None,
+            goodput_rps=number("goodput_rps"))
+
     @property
     def warnings(self) -> list[str]:
         notes = []
@@ -210,10 +243,10 @@ def _slo_fields(results: Sequence[RequestResult], wall_s: float, ttft_ms: float 
             "goodput_rps": met / wall_s if wall_s > 0 and any(r.ok for r in results) else None}
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The energy and goodput lines of a bench summary (BenchSummary.to_json()), for the CLI and the dashboard."""
+def summary_lines(summary: BenchSummary) -> list[str]:
+    """The energy and goodput lines of a bench summary, for the CLI and the dashboard."""
     lines = []
-    energy = summary.get("energy")
+    energy = summary.energy
     if energy:
         per_gpu = ", ".join(f"{w:.1f}" for w in energy["mean_w_per_gpu"])
         j_tok, tok_j = energy.get("j_per_token"), energy.get("tokens_per_j")
@@ -223,16 +256,16 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"{'n/a' if j_tok is None else f'{j_tok:.4g}'} J/token, "
             f"{'n/a' if tok_j is None else f'{tok_j:.4g}'} tokens/J")
     else:
-        lines.append(f"energy: unavailable ({summary.get('energy_note') or NOT_MEASURED})")
-    slo = summary.get("slo")
+        lines.append(f"energy: unavailable ({summary.energy_note or NOT_MEASURED})")
+    slo = summary.slo
     if slo:
         limits = " and ".join(f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.get("ttft_ms")),
                                                                               ("TPOT", slo.get("tpot_ms")))
                               if value is not None)
-        goodput, rate = summary.get("goodput_rps"), summary.get("request_rate")
+        goodput, rate = summary.goodput_rps, summary.request_rate
         lines.append(
             f"goodput: {'n/a' if goodput is None else f'{goodput:.3g}'} req/s within {limits} "
-            f"({summary.get('slo_met')} of {summary.get('requests')} requests); throughput "
+            f"({summary.slo_met} of {summary.requests} requests); throughput "
             f"{'n/a' if rate is None else f'{rate:.3g}'} req/s")
     return lines
 

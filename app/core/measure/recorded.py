@@ -10,12 +10,11 @@ part-way is finished as "cancelled"; one whose writer dies keeps "running" and r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from app.core.flags.catalog import FlagValue
 from app.core.measure.acceptance import AcceptanceMeter
-from app.core.measure.bench import BenchResult, BenchSpec, run_bench
+from app.core.measure.bench import BenchResult, BenchSpec, BenchSummary, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.store import HistoryStore
 from app.core.profiles.types import Profile
@@ -31,7 +30,7 @@ class RecordedBench:
 
     run_id: int | None
     result: BenchResult
-    summary: dict[str, Any]  # BenchSummary.to_json() plus accept_len and accept_source
+    summary: BenchSummary  # the run's, with the acceptance meter's accept_len and accept_source (as stored)
 
 
 async def run_recorded_bench(
@@ -58,20 +57,22 @@ async def run_recorded_bench(
                                        params={"bench": spec.to_json(), "trials": 1},
                                        arms=[("running", "", dict(running_flags))])
     status = "cancelled"
-    summary: dict[str, Any] | None = None
+    summary: BenchSummary | None = None
     try:
         await meter.start()
         result = await run_bench(base_url, profile.model, spec, on_result=on_result, on_warmup_done=on_warmup_done,
                                  energy=energy)
         accept, source = await meter.stop(result.summary.accept_len)
-        summary = result.summary.to_json() | {"accept_len": accept, "accept_source": source}
+        summary = replace(result.summary, accept_len=accept, accept_source=source)
         if store is not None and run_id is not None:
-            await store.in_thread(store.add_trial, run_id, 0, 0, value=result.summary.output_tok_s, summary=summary,
+            await store.in_thread(store.add_trial, run_id, 0, 0, value=result.summary.output_tok_s,
+                                  summary=summary.to_json(),
                                   accept_len=accept, accept_source=source, requests=result.results)
         status = "done"
     finally:
         if stop_feed is not None:
             stop_feed()
         if store is not None and run_id is not None:
-            await store.in_thread(store.finish_run, run_id, status, summary=summary)
+            await store.in_thread(store.finish_run, run_id, status,
+                                  summary=None if summary is None else summary.to_json())
     return RecordedBench(run_id, result, summary)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.data import FlagChange
+from app.core.measure.bench import BenchSummary
 from app.core.measure.crossover import SLOT_KEY, stored_slot
 from app.core.measure.results import ArmData, ArmEnergy, ExperimentReport, TrialEnergy, energy_of, experiment_report
 from app.core.measure.store import LaunchRow, RunRow
@@ -30,7 +31,7 @@ class RunReport:
     run: RunRow
     experiment: ExperimentReport
     config_diff: tuple[FlagChange, ...]
-    summary: dict[str, Any] | None = None  # a bench's BenchSummary as stored (JSON), None for an A/B
+    summary: BenchSummary | None = None  # a bench's one trial's summary (read from the store), None for an A/B
 
     @property
     def verdict(self) -> str | None:
@@ -45,7 +46,7 @@ class RunReport:
                     config_diff=[_change_json(c) for c in self.config_diff],
                     launches=[_launch_json(ln) for ln in run.launches])
         if self.summary is not None:
-            data["summary"] = self.summary
+            data["summary"] = self.summary.to_json()
         return data
 
 
@@ -62,7 +63,7 @@ def run_report(run: RunRow) -> RunReport:
         arms.append(ArmData(arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens,
                             run.trials_by_launch(arm.idx), energy, launch_slots=_launch_slots(run, arm.idx)))
     report = experiment_report(run.status, arms, run_id=run.id, note=run.note or "", slot_labels=_slot_labels(run))
-    summary = run.trials[0].summary if run.kind == "bench" and run.trials else None
+    summary = BenchSummary.from_json(run.trials[0].summary) if run.kind == "bench" and run.trials else None
     return RunReport(run, report, tuple(config_diff(run)), summary)
 
 
@@ -253,21 +254,22 @@ def run_markdown(run: RunRow) -> str:
     return "\n".join(out) + "\n"
 
 
-def bench_rows(s: dict[str, Any]) -> list[list[str]]:
-    """A benchmark summary as a two-column table."""
-    def dist(name: str, key: str) -> list[str]:
-        d = s.get(key) or {}
-        return [name, " / ".join(_fmt(d.get(p)) for p in ("p50", "p90", "p99")) + " ms (p50/p90/p99)"]
+def bench_rows(s: BenchSummary | None) -> list[list[str]]:
+    """A benchmark summary as a two-column table (None: a bench that stored no trial, every figure n/a)."""
+    def dist(name: str, d: dict[str, float | None] | None) -> list[str]:
+        return [name, " / ".join(_fmt((d or {}).get(p)) for p in ("p50", "p90", "p99")) + " ms (p50/p90/p99)"]
 
+    if s is None:
+        return [["measure", "value"], ["output tok/s", "n/a"], ["requests ok / sent", "0/0"]]
     return [
         ["measure", "value"],
-        ["output tok/s", _fmt(s.get("output_tok_s"))],
-        ["per-stream decode tok/s", _fmt(s.get("stream_decode_tok_s"))],
-        ["requests ok / sent", f"{s.get('completed')}/{s.get('requests')}"],
-        ["output tokens (usage)", str(s.get("output_tokens"))],
-        dist("TTFT", "ttft_ms"), dist("TPOT", "tpot_ms"), dist("ITL", "itl_ms"), dist("end-to-end", "e2e_ms"),
-        ["accept len", _fmt(s.get("accept_len"), 2) + (f" ({src})" if (src := s.get("accept_source")) else "")],
-        ["wall", f"{_fmt(s.get('wall_s'), 2)} s"],
+        ["output tok/s", _fmt(s.output_tok_s)],
+        ["per-stream decode tok/s", _fmt(s.stream_decode_tok_s)],
+        ["requests ok / sent", f"{s.completed}/{s.requests}"],
+        ["output tokens (usage)", str(s.output_tokens)],
+        dist("TTFT", s.ttft_ms), dist("TPOT", s.tpot_ms), dist("ITL", s.itl_ms), dist("end-to-end", s.e2e_ms),
+        ["accept len", _fmt(s.accept_len, 2) + (f" ({s.accept_source})" if s.accept_source else "")],
+        ["wall", f"{_fmt(s.wall_s, 2)} s"],
     ]
 
 

@@ -1,4 +1,4 @@
-"""A tune run's results (app.core.tune.results JSON) as text for the terminal, Markdown, CSV (one row per launch
+"""A tune run's results (app.core.tune.results.TuneResults) as text for the terminal, Markdown, CSV (one row per launch
 and shape) and an SVG of the leaderboards' winners and both Pareto fronts (plain SVG, no UI toolkit)."""
 
 from __future__ import annotations
@@ -8,10 +8,13 @@ import io
 import json
 from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core.measure.report import markdown_table, text_table
 from app.core.measure.store import RunRow
+
+if TYPE_CHECKING:
+    from app.core.tune.results import ParetoFront, ParetoPoint, ShapeResult, TuneResults
 
 
 def _num(x: Any, digits: int = 1) -> str:
@@ -26,88 +29,90 @@ def _ci(ci: Sequence[float] | None, digits: int) -> str:
     return "n/a" if not ci else f"{ci[0]:.{digits}f}-{ci[1]:.{digits}f}"
 
 
-def board_rows(data: dict[str, Any], shape: dict[str, Any]) -> list[list[str]]:
-    d = _digits(data["objective"])
-    rows = [["#", "candidate", "launches", data["metric"], "95% CI", "per stream", "total tok/s", "TTFT p95 ms",
+def board_rows(data: TuneResults, shape: ShapeResult) -> list[list[str]]:
+    d = _digits(data.objective)
+    rows = [["#", "candidate", "launches", data.metric, "95% CI", "per stream", "total tok/s", "TTFT p95 ms",
              "state"]]
-    for i, r in enumerate(shape["rows"], start=1):
-        state = r["state"] if r["alive"] else "out"
-        if r.get("over"):
-            state += " (" + "; ".join(r["over"]) + ")"
-        rows.append([str(i), r["candidate"], str(r["launches"]), _num(r["mean"], d), _ci(r["ci95"], d),
-                     _num(r.get("stream_tok_s")), _num(r.get("total_tok_s")), _num(r.get("ttft_p95_ms"), 0), state])
+    for i, r in enumerate(shape.rows, start=1):
+        state = r.state if r.alive else "out"
+        fig = r.figures
+        if fig is not None and fig.over:
+            state += " (" + "; ".join(fig.over) + ")"
+        rows.append([str(i), r.candidate, str(r.launches), _num(r.mean, d), _ci(r.ci95, d),
+                     _num(fig and fig.stream_tok_s), _num(fig and fig.total_tok_s), _num(fig and fig.ttft_p95_ms, 0),
+                     state])
     return rows
 
 
-def summary_lines(data: dict[str, Any]) -> list[str]:
-    ln = data["launches"]
-    lines = [f"launches: {ln['spent']} spent ({ln['failed']} failed to start"
-             + (f", {ln['redone_partial']} re-done after an interruption" if ln["redone_partial"] else "")
-             + f"); a one-launch grid takes {ln['grid_one_launch']}, a two-launch grid {ln['grid_two_launch']}"
-             + (f" ({ln['vs_two_launch_grid'] * 100:.0f}% of it)" if ln["vs_two_launch_grid"] is not None else "")
-             + (f"; budget {ln['budget']}" if ln["budget"] else "")]
-    lines.append(f"stopped: {data['why_done']}" if data["done"] else f"status: {data['status']}")
-    best = data.get("best_single")
+def summary_lines(data: TuneResults) -> list[str]:
+    ln = data.launches
+    lines = [f"launches: {ln.spent} spent ({ln.failed} failed to start"
+             + (f", {ln.redone_partial} re-done after an interruption" if ln.redone_partial else "")
+             + f"); a one-launch grid takes {ln.grid_one_launch}, a two-launch grid {ln.grid_two_launch}"
+             + (f" ({ln.vs_two_launch_grid * 100:.0f}% of it)" if ln.vs_two_launch_grid is not None else "")
+             + (f"; budget {ln.budget}" if ln.budget else "")]
+    lines.append(f"stopped: {data.why_done}" if data.done else f"status: {data.status}")
+    best = data.best_single
     if best:
-        losses = ", ".join(f"{x['shape']} -{x['loss_pct']:.1f}%" if x["loss_pct"] > 0.05 else f"{x['shape']} best"
-                           for x in best["loses"])
-        lines.append(f"best single config across shapes: {best['candidate']} ({losses})")
+        losses = ", ".join(f"{x.shape} -{x.loss_pct:.1f}%" if x.loss_pct > 0.05 else f"{x.shape} best"
+                           for x in best.loses)
+        lines.append(f"best single config across shapes: {best.candidate} ({losses})")
     return lines
 
 
-def out_lines(data: dict[str, Any]) -> list[str]:
-    return [f"  {c['label']}: {c['why_out']}" for c in data["candidates"] if not c["alive"]]
+def out_lines(data: TuneResults) -> list[str]:
+    return [f"  {c.label}: {c.why_out}" for c in data.out]
 
 
-def pareto_lines(data: dict[str, Any]) -> list[str]:
-    pareto = data["pareto"]
-    points = pareto["points"]
+def _fronts(data: TuneResults) -> tuple[tuple[ParetoFront, str], tuple[ParetoFront, str]]:
+    """Both fronts with the figure their y axis is."""
+    return (data.pareto.stream_vs_total, "total_tok_s"), (data.pareto.stream_vs_j_per_token, "j_per_token")
+
+
+def pareto_lines(data: TuneResults) -> list[str]:
+    points = data.pareto.points
     lines = []
-    for key in ("stream_vs_total", "stream_vs_j_per_token"):
-        front = pareto[key]
-        if not front["front"]:
-            lines.append(f"Pareto ({front['x']} vs {front['y']}): {front.get('note') or 'no points'}")
+    for front, yk in _fronts(data):
+        if not front.front:
+            lines.append(f"Pareto ({front.x} vs {front.y}): {front.note or 'no points'}")
             continue
-        yk = "total_tok_s" if key == "stream_vs_total" else "j_per_token"
-        items = ", ".join(f"{points[i]['candidate']} @ {points[i]['shape']} ({points[i]['stream_tok_s']:.1f}, "
-                          f"{points[i][yk]:.4g})" for i in front["front"])
-        lines.append(f"Pareto front ({front['x']} vs {front['y']}): {items}")
+        items = ", ".join(f"{points[i].candidate} @ {points[i].shape} ({points[i].figures.stream_tok_s or 0:.1f}, "
+                          f"{points[i].figures.axis(yk) or 0:.4g})" for i in front.front)
+        lines.append(f"Pareto front ({front.x} vs {front.y}): {items}")
     return lines
 
 
-def results_text(data: dict[str, Any]) -> str:
-    out = [f"tune run #{data['run_id']} ({data['status']}), ranked by {data['metric']}; the launch is the unit"]
-    for shape in data["shapes"]:
+def results_text(data: TuneResults) -> str:
+    out = [f"tune run #{data.run_id} ({data.status}), ranked by {data.metric}; the launch is the unit"]
+    for shape in data.shapes:
         out.append("")
-        out.append(f"{shape['shape']} (concurrency {shape['concurrency']}, {shape['input_len']} in / "
-                   f"{shape['output_len']} out, {shape['requests']} requests): {shape['verdict']}")
+        out.append(f"{shape.shape} (concurrency {shape.concurrency}, {shape.input_len} in / "
+                   f"{shape.output_len} out, {shape.requests} requests): {shape.verdict}")
         out.append(text_table(board_rows(data, shape)))
     out.append("")
     out.extend(summary_lines(data))
-    if any(not c["alive"] for c in data["candidates"]):
+    if data.out:
         out.append("eliminated:")
         out.extend(out_lines(data))
     out.extend(pareto_lines(data))
-    if data.get("ended_on"):
-        out.append(f"the server runs {data['ended_on']}")
+    if data.ended_on:
+        out.append(f"the server runs {data.ended_on}")
     return "\n".join(out)
 
 
-def results_markdown(data: dict[str, Any]) -> str:
-    out = [f"## tune run #{data['run_id']} ({data['status']})", "",
-           f"Ranked by {data['metric']}; the launch is the unit of the intervals.", ""]
-    for shape in data["shapes"]:
-        out += [f"### {shape['shape']}", "", f"**{shape['verdict']}**", "", markdown_table(board_rows(data, shape)), ""]
+def results_markdown(data: TuneResults) -> str:
+    out = [f"## tune run #{data.run_id} ({data.status})", "",
+           f"Ranked by {data.metric}; the launch is the unit of the intervals.", ""]
+    for shape in data.shapes:
+        out += [f"### {shape.shape}", "", f"**{shape.verdict}**", "", markdown_table(board_rows(data, shape)), ""]
     out += [f"- {line}" for line in summary_lines(data)]
-    if any(not c["alive"] for c in data["candidates"]):
-        out += ["", "Eliminated:", ""] + [f"- {c['label']}: {c['why_out']}" for c in data["candidates"]
-                                          if not c["alive"]]
+    if data.out:
+        out += ["", "Eliminated:", ""] + [f"- {c.label}: {c.why_out}" for c in data.out]
     out += ["", *[f"- {line}" for line in pareto_lines(data)]]
-    if data.get("ended_on"):
-        out += ["", f"The server runs {data['ended_on']}."]
+    if data.ended_on:
+        out += ["", f"The server runs {data.ended_on}."]
     out += ["", "Candidates:", "", markdown_table([["candidate", "source", "overrides", "launches"]] + [
-        [c["label"], c["source"], c["overrides"] or "(the profile as is)", str(c["launches"])]
-        for c in data["candidates"]])]
+        [c.label, c.source, c.overrides or "(the profile as is)", str(c.launches)] for c in data.candidates])]
     return "\n".join(out) + "\n"
 
 
@@ -129,16 +134,17 @@ def results_csv(run: RunRow) -> str:
     return buf.getvalue()
 
 
-def _plot(points: list[dict[str, Any]], front: list[int], yk: str, title: str, x0: int, y0: int, w: int,
+def _plot(points: Sequence[ParetoPoint], front: Sequence[int], yk: str, title: str, x0: int, y0: int, w: int,
           h: int) -> list[str]:
-    got = [(i, p) for i, p in enumerate(points) if p.get("stream_tok_s") is not None and p.get(yk) is not None]
+    got = [(i, x, y) for i, p in enumerate(points)
+           if (x := p.figures.stream_tok_s) is not None and (y := p.figures.axis(yk)) is not None]
     parts = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#888"/>',
              f'<text x="{x0 + 4}" y="{y0 - 6}" font-size="13">{escape(title)}</text>']
     if not got:
         parts.append(f'<text x="{x0 + 10}" y="{y0 + h // 2}" font-size="12">no points</text>')
         return parts
-    xs = [p["stream_tok_s"] for _, p in got]
-    ys = [p[yk] for _, p in got]
+    xs = [x for _, x, _ in got]
+    ys = [y for _, _, y in got]
     xl, xh = min(xs), max(xs)
     yl, yh = min(ys), max(ys)
 
@@ -148,25 +154,26 @@ def _plot(points: list[dict[str, Any]], front: list[int], yk: str, title: str, x
     def py(y: float) -> float:
         return y0 + h - 30 - (y - yl) / ((yh - yl) or 1) * (h - 60)
 
-    line = " ".join(f"{px(points[i]['stream_tok_s']):.1f},{py(points[i][yk]):.1f}" for i in front
-                    if points[i].get(yk) is not None)
+    at = {i: (x, y) for i, x, y in got}
+    line = " ".join(f"{px(at[i][0]):.1f},{py(at[i][1]):.1f}" for i in front if i in at)
     if line:
         parts.append(f'<polyline points="{line}" fill="none" stroke="#d33" stroke-width="2"/>')
-    for i, p in got:
+    for i, x, y in got:
         on = i in front
-        parts.append(f'<circle cx="{px(p["stream_tok_s"]):.1f}" cy="{py(p[yk]):.1f}" r="{5 if on else 3}" '
-                     f'fill="{"#d33" if on else "#58a"}"><title>{escape(p["candidate"])} @ {escape(p["shape"])}: '
-                     f'{p["stream_tok_s"]:.1f}, {p[yk]:.4g}</title></circle>')
+        p = points[i]
+        parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{5 if on else 3}" '
+                     f'fill="{"#d33" if on else "#58a"}"><title>{escape(p.candidate)} @ {escape(p.shape)}: '
+                     f'{x:.1f}, {y:.4g}</title></circle>')
     parts.append(f'<text x="{x0 + 30}" y="{y0 + h - 8}" font-size="11">per stream {xl:.1f}-{xh:.1f} tok/s</text>')
     parts.append(f'<text x="{x0 + 4}" y="{y0 + 14}" font-size="11">{escape(yk)} {yl:.4g}-{yh:.4g}</text>')
     return parts
 
 
-def results_svg(data: dict[str, Any]) -> str:
+def results_svg(data: TuneResults) -> str:
     """The verdict per shape, the best single config, and both Pareto plots, as one SVG."""
     width = 960
-    lines = [f"tune run #{data['run_id']} ({data['status']}), {data['metric']}"]
-    lines += [f"{s['shape']}: {s['verdict']}" for s in data["shapes"]]
+    lines = [f"tune run #{data.run_id} ({data.status}), {data.metric}"]
+    lines += [f"{s.shape}: {s.verdict}" for s in data.shapes]
     lines += summary_lines(data)
     height = 40 + 18 * len(lines) + 340
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -174,10 +181,10 @@ def results_svg(data: dict[str, Any]) -> str:
     for i, text in enumerate(lines):
         parts.append(f'<text x="12" y="{24 + 18 * i}" font-size="{14 if i == 0 else 12}">{escape(text)}</text>')
     top = 40 + 18 * len(lines) + 20
-    pareto = data["pareto"]
-    parts += _plot(pareto["points"], pareto["stream_vs_total"]["front"], "total_tok_s",
+    pareto = data.pareto
+    parts += _plot(pareto.points, pareto.stream_vs_total.front, "total_tok_s",
                    "Pareto: tok/s per stream vs total tok/s", 12, top, 460, 300)
-    parts += _plot(pareto["points"], pareto["stream_vs_j_per_token"]["front"], "j_per_token",
+    parts += _plot(pareto.points, pareto.stream_vs_j_per_token.front, "j_per_token",
                    "Pareto: tok/s per stream vs J/token", 488, top, 460, 300)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
@@ -191,7 +198,7 @@ def export_tune(run: RunRow, fmt: str) -> str:
         return results_csv(run)
     data = run_results(run)
     if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
+        return json.dumps(data.to_json(), indent=2) + "\n"
     if fmt == "svg":
         return results_svg(data)
     return results_markdown(data)

@@ -225,7 +225,7 @@ class TuneRunner:
             self.status, self.note = status, note
             if self.store is not None and self.run_id is not None:
                 data = tune_results(self.spec, self.state, self.decision or self.decide(), status=status,
-                                    run_id=self.run_id, note=note, ended_on=self.ended_on)
+                                    run_id=self.run_id, note=note, ended_on=self.ended_on).to_json()
                 if status != "done":
                     data["resumable"] = True
                 if self.parallel:
