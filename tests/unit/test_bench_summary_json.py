@@ -47,3 +47,22 @@ def test_a_summary_from_before_energy_and_slos_reads_with_defaults() -> None:
     assert summary_lines(summary) == [f"energy: unavailable ({NOT_MEASURED})"]
     rows = dict((r[0], r[1]) for r in bench_rows(summary))
     assert rows["output tok/s"] == "200.0" and rows["TPOT"] == "n/a / n/a / n/a ms (p50/p90/p99)"
+
+
+def test_a_damaged_stored_summary_reads_as_not_measured_instead_of_breaking_a_screen() -> None:
+    """Values read from the history file are checked where they enter: a half-written energy, a latency that is
+    text, an SLO limit as a string or a count below 0 reads as not measured, and every line still renders."""
+    good = _summary().to_json()
+    damaged = good | {
+        "energy": {"method": "smi", "joules": 1.0},  # no gpus, no watts: summary_lines would KeyError
+        "ttft_ms": {"p50": "x", "p90": float("nan"), "p99": True, "mean": 12.0},
+        "slo": {"ttft_ms": "500", "tpot_ms": 40},
+        "errors": -3, "error_kinds": {"timeout": "many"}, "wall_s": "long", "output_tok_s": float("inf"),
+    }
+    summary = BenchSummary.from_json(damaged)
+    assert summary.energy is None and summary.errors == 0 and summary.error_kinds == {"timeout": 0}
+    assert summary.ttft_ms == {"p50": None, "p90": None, "p99": None, "mean": 12.0}
+    assert summary.slo == {"ttft_ms": None, "tpot_ms": 40} and summary.wall_s == 0.0 and summary.output_tok_s is None
+    lines = summary_lines(summary)
+    assert lines[0].startswith("energy: unavailable") and "TPOT <= 40 ms" in lines[1]
+    assert any("n/a" in " ".join(row) for row in bench_rows(summary))

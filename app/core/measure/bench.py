@@ -139,33 +139,25 @@ class BenchSummary:
         """A summary as the store holds it (`to_json`, accept_len and accept_source included). A key a run stored
         before it existed takes its default (no energy meter, no SLO; counts 0, figures None); unknown keys are
         dropped, so `from_json(s.to_json()) == s`."""
-        def dist(key: str) -> dict[str, float | None]:
-            got = data.get(key)
-            return dict(got) if isinstance(got, Mapping) else {"p50": None, "p90": None, "p99": None, "mean": None}
-
-        def count(key: str) -> int:
-            value = data.get(key)
-            return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-        def number(key: str) -> float | None:
-            value = data.get(key)
-            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
         kinds, energy, slo = data.get("error_kinds"), data.get("energy"), data.get("slo")
-        wall = number("wall_s")
+        wall = _number(data.get("wall_s"))
+        met = data.get("slo_met")
         return cls(
-            requests=count("requests"), completed=count("completed"), errors=count("errors"),
-            error_kinds=dict(kinds) if isinstance(kinds, Mapping) else {}, usage_missing=count("usage_missing"),
-            output_tokens=count("output_tokens"), wall_s=0.0 if wall is None else wall,
-            output_tok_s=number("output_tok_s"), request_rate=number("request_rate"),
-            stream_decode_tok_s=number("stream_decode_tok_s"), ttft_ms=dist("ttft_ms"), tpot_ms=dist("tpot_ms"),
-            itl_ms=dist("itl_ms"), e2e_ms=dist("e2e_ms"), accept_len=number("accept_len"),
-            accept_source=str(data.get("accept_source") or ""),
-            energy=dict(energy) if isinstance(energy, Mapping) else None,
+            requests=_count(data.get("requests")), completed=_count(data.get("completed")),
+            errors=_count(data.get("errors")),
+            error_kinds={str(k): _count(v) for k, v in kinds.items()} if isinstance(kinds, Mapping) else {},
+            usage_missing=_count(data.get("usage_missing")), output_tokens=_count(data.get("output_tokens")),
+            wall_s=0.0 if wall is None else wall, output_tok_s=_number(data.get("output_tok_s")),
+            request_rate=_number(data.get("request_rate")),
+            stream_decode_tok_s=_number(data.get("stream_decode_tok_s")), ttft_ms=_dist(data.get("ttft_ms")),
+            tpot_ms=_dist(data.get("tpot_ms")), itl_ms=_dist(data.get("itl_ms")), e2e_ms=_dist(data.get("e2e_ms")),
+            accept_len=_number(data.get("accept_len")), accept_source=str(data.get("accept_source") or ""),
+            energy=dict(energy) if isinstance(energy, Mapping) and _usable_energy(energy) else None,
             energy_note=str(data.get("energy_note", NOT_MEASURED) or ""),
-            slo=dict(slo) if isinstance(slo, Mapping) else None,
-            slo_met=data.get("slo_met") if isinstance(data.get("slo_met"), int) else None,
-            goodput_rps=number("goodput_rps"))
+            slo={"ttft_ms": _number(slo.get("ttft_ms")), "tpot_ms": _number(slo.get("tpot_ms"))}
+            if isinstance(slo, Mapping) else None,
+            slo_met=_count(met) if met is not None else None,
+            goodput_rps=_number(data.get("goodput_rps")))
 
     @property
     def warnings(self) -> list[str]:
@@ -241,6 +233,36 @@ def _slo_fields(results: Sequence[RequestResult], wall_s: float, ttft_ms: float 
     met = sum(1 for r in results if meets_slo(r, ttft_ms, tpot_ms))
     return {"slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "slo_met": met,
             "goodput_rps": met / wall_s if wall_s > 0 and any(r.ok for r in results) else None}
+
+
+def _number(value: Any) -> float | None:
+    """A stored figure: a finite int or float as it is (an int stays an int, so the JSON reads back the same)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def _count(value: Any) -> int:
+    """A stored count: an int >= 0, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _dist(value: Any) -> dict[str, float | None]:
+    """A stored {"p50", "p90", "p99", "mean"} in ms, each None when not measured (or not a finite number)."""
+    got = value if isinstance(value, Mapping) else {}
+    return {k: _number(got.get(k)) for k in ("p50", "p90", "p99", "mean")}
+
+
+def _usable_energy(energy: Any) -> bool:
+    """A stored `energy` that summary_lines can print: its method, joules, GPUs and the watts per GPU."""
+    if not isinstance(energy, Mapping):
+        return False
+    watts = energy.get("mean_w_per_gpu")
+    return (isinstance(energy.get("method"), str) and _number(energy.get("joules")) is not None
+            and isinstance(energy.get("gpus"), int) and not isinstance(energy.get("gpus"), bool)
+            and isinstance(watts, list) and all(_number(w) is not None for w in watts)
+            and all(energy.get(k) is None or _number(energy.get(k)) is not None
+                    for k in ("j_per_token", "tokens_per_j")))
 
 
 def summary_lines(summary: BenchSummary) -> list[str]:
