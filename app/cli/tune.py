@@ -4,8 +4,12 @@
 line per launch and per shape with the launches spent, the budget and an ETA, then the leaderboards; `--json` prints
 only the results JSON. `--resume ID` goes on with a stored run that did not finish (a quit, a crash, a lost
 connection): nothing measured is repeated. At the end the server runs the winner for the profile's own [bench]
-shape, or the starting config with `--restore`; the last line says which. Exit codes (app.cli.common): 2 bad
-input, 4 the host refused a launch, 130 cancelled (the run is kept and resumable).
+shape, or the starting config with `--restore`; the last line says which. `--slots N` runs up to N candidates at
+once on disjoint GPU sets of the host (app.core.measure.slots: slot 0 the profile's own GPUs and port, the others
+on free GPUs no one else holds, each with its own port, job record and driver lock); at the end the other slots'
+servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. Exit codes
+(app.cli.common): 2 bad input (slots that do not fit included), 4 the host refused a launch, 130 cancelled (the run
+is kept and resumable).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 from typing import Any
 
 from app.cli.common import (
+    EXIT_BAD_INPUT,
     EXIT_OK,
     EXIT_START_FAILED,
     CliError,
@@ -32,11 +37,14 @@ from app.core.advisor.advise import NothingRunning, advise
 from app.core.errors import TunedashError
 from app.core.flags.discovery import ServerFlags, discover_flags
 from app.core.hosts.base import Host
+from app.core.measure.slots import Slot, SlotError, busy_gpus, plan_slots, slot_profile
 from app.core.measure.store import HistoryStore, StoreError
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
+from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.energy import energy_meter_for
+from app.core.telemetry.smi import telemetry_for
 from app.core.tune.export import results_text
 from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec, spec_from_run
 from app.core.tune.results import tune_results
@@ -75,15 +83,35 @@ def _space_json(space: TuneSpace, profile: Profile) -> dict[str, Any]:
             "dropped": [{"label": d.label, "why": d.why} for d in space.dropped]}
 
 
-def _dry_run(args: argparse.Namespace, profile: Profile, space: TuneSpace, spec: TuneSpec, notes: list[str]) -> int:
+async def _plan(host: Host, profile: Profile, n: int) -> list[Slot]:
+    """The `--slots n` plan on the host now: its GPUs from one nvidia-smi snapshot, none that someone else holds
+    (our own slots' servers, by their job records, do not count: the tune relaunches them). SlotError when they
+    do not fit."""
+    snapshot = await telemetry_for(host, "smi", None).sample()
+    ours = [r for r in [await jobs.load_job(host, slot_profile(profile, Slot(i, (), profile.port)))
+                        for i in range(n)] if r is not None]
+    busy = await busy_gpus(host, snapshot, ours)
+    return plan_slots(profile, n, [g.index for g in snapshot.gpus], busy)
+
+
+def _slots_json(profile: Profile, slots: list[Slot]) -> list[dict[str, Any]]:
+    return [{"index": s.index, "name": slot_profile(profile, s).name, "gpus": list(s.gpus), "port": s.port}
+            for s in slots]
+
+
+def _dry_run(args: argparse.Namespace, profile: Profile, space: TuneSpace, spec: TuneSpec, notes: list[str],
+             slots: list[Slot] | None, slot_error: str) -> int:
     n = len(space.candidates)
     budget = {"max_launches": spec.max_launches, "time_budget_s": spec.time_budget_s, "first_round": n,
               "grid_one_launch": n, "grid_two_launch": 2 * n}
     if args.json:
+        extra: dict[str, Any] = {}
+        if args.slots > 1:
+            extra = {"slots": None if slots is None else _slots_json(profile, slots), "slot_error": slot_error or None}
         say(json.dumps({"profile": profile.name, "objective": spec.settings.objective,
                         "shapes": [s.label for s in spec.shapes], **_space_json(space, profile), "budget": budget,
-                        "notes": notes}, indent=2))
-        return EXIT_OK
+                        "notes": notes, **extra}, indent=2))
+        return EXIT_BAD_INPUT if slot_error else EXIT_OK
     say(f"tune {profile.name}: {n} candidates x {len(spec.shapes)} shapes, ranked by "
         f"{OBJECTIVE_TEXT[spec.settings.objective]}")
     for note in notes:
@@ -100,7 +128,14 @@ def _dry_run(args: argparse.Namespace, profile: Profile, space: TuneSpace, spec:
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else "")
         + f"; the first round is {n} launches (one per candidate); a one-launch grid takes {n}, a two-launch "
         f"grid {2 * n}")
+    if slots is not None:
+        say(f"slots ({len(slots)}, one candidate on each at once):")
+        for slot in slots:
+            say(f"  {slot.label}  as {slot_profile(profile, slot).name}")
     say("nothing was launched (--dry-run)")
+    if slot_error:
+        print(f"tunedash: {slot_error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 
@@ -125,6 +160,8 @@ async def cmd_tune(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     if args.launches is not None and args.launches < 1:
         raise CliError(f"--launches must be at least 1 (got {args.launches})")
+    if args.slots < 1:
+        raise CliError(f"--slots must be at least 1 (got {args.slots})")
     if args.time_budget is not None and args.time_budget <= 0:
         raise CliError(f"--time-budget must be seconds above 0 (got {args.time_budget})")
     host = open_host(profile)
@@ -171,16 +208,34 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
                         args.launches or tune.max_launches or 2 * n,
                         args.time_budget if args.time_budget is not None else tune.time_budget_s,
                         args.ready_timeout, args.restore)
+    slots: list[Slot] | None = None
+    slot_error = ""
+    if args.slots > 1:
+        try:
+            slots = await _plan(host, spec.profile, args.slots)
+        except SlotError as exc:
+            if not args.dry_run:
+                raise CliError(str(exc)) from None
+            slot_error = str(exc)
     if args.dry_run:
-        return _dry_run(args, profile, space, spec, notes)
-    lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": True}))  # no narration
-    lifecycle.server_flags = found
-    await drive(lifecycle, args, "tune")
+        return _dry_run(args, profile, space, spec, notes, slots, slot_error)
+    quiet = argparse.Namespace(**{**vars(args), "json": True})  # no narration
+    lifecycle = lifecycle_for(spec.profile, host, quiet)
+    lifecycles = [lifecycle]
+    for slot in (slots or [])[1:]:
+        lifecycles.append(lifecycle_for(slot_profile(spec.profile, slot), host, quiet))
+    for each in lifecycles:
+        each.server_flags = found
+        await drive(each, args, "tune")  # one driver lock per slot (its own profile name)
+    pairs = list(zip(slots, lifecycles, strict=True)) if slots else None
     runner = TuneRunner(spec, lifecycle, store, resume=resume, on_progress=_printer(args.json),
-                        energy_for=lambda p: energy_meter_for(host, p))
+                        energy_for=lambda p: energy_meter_for(host, p), slots=pairs)
     if not args.json:
         say(f"tune {profile.name} on {host.name}: {len(spec.candidates)} candidates x {len(spec.shapes)} shapes, "
-            f"at most {spec.max_launches} launches" + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""))
+            f"at most {spec.max_launches} launches" + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else "")
+            + (f", {len(slots)} slots at once" if slots else ""))
+        for slot in slots or []:
+            say(f"  {slot.label}")
         for note in notes:
             say(f"  ({note})")
     code = EXIT_OK
@@ -195,7 +250,12 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
               "goes on without repeating a finished launch", file=sys.stderr)
         raise
     finally:
-        await lifecycle.close()
+        try:
+            if slots:
+                await _free_slots(args, slots, lifecycles)
+        finally:
+            for each in lifecycles:
+                await each.close()
     _report(args, spec, runner)
     if code == EXIT_OK and runner.state.launches and not any(ln.trials for ln in runner.counted()):
         print(f"tunedash: no launch of {profile.name} came up with a measurement "
@@ -205,14 +265,44 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
     return code
 
 
+async def _free_slots(args: argparse.Namespace, slots: list[Slot], lifecycles: list[ServerLifecycle]) -> None:
+    """Kill every slot's server but slot 0's (the profile's own, which ends on the winner) and confirm its GPUs
+    free; each slot's outcome on stderr with --json, else stdout."""
+    for slot, each in list(zip(slots, lifecycles, strict=True))[1:]:
+        try:
+            verdict = await each.kill(confirm_free=True)
+        except TunedashError as exc:
+            line = f"{slot.label}: the kill failed: {exc}"
+        else:
+            free = verdict is not None and verdict.all_free
+            line = (f"{slot.label}: server killed, GPUs {','.join(map(str, slot.gpus))} confirmed free" if free
+                    else f"{slot.label}: GPUs {','.join(map(str, slot.gpus))} NOT confirmed free"
+                    + (f" ({'; '.join(h.describe() for h in verdict.holders)})" if verdict and verdict.holders
+                       else ""))
+        if args.json:
+            print(line, file=sys.stderr)
+        else:
+            say(line)
+
+
 def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> None:
     data = tune_results(spec, runner.state, runner.decision or runner.decide(), status=runner.status,
                         run_id=runner.run_id, note=runner.note, ended_on=runner.ended_on)
+    if runner.parallel:
+        data["slots"] = runner.slots_json()
     if args.json:
         say(json.dumps(data, indent=2))
         return
     say("")
     say(results_text(data))
+    if runner.parallel:
+        slots = data["slots"]
+        say("slots: " + (slots["aa"] or "one slot measured so far: no slot effect"))
+        for row in slots["slots"]:
+            factor = "" if row["factor"] is None else f", factor {row['factor']:.3f}" + (
+                f" ({row['ci'][0]:.3f}-{row['ci'][1]:.3f})" if row["ci"] else "")
+            say(f"  slot {row['index']} (GPUs {','.join(map(str, row['gpus']))}, port {row['port']}): "
+                f"{row['launches']} launches{factor}")
     say(f"history: run #{runner.run_id} (`tunedash export {runner.run_id} --format md|csv|json|svg`)")
 
 
@@ -226,6 +316,8 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--launches", type=int, metavar="N", help="at most N launches (default: [tune] max_launches, "
                    "else twice the candidates)")
     p.add_argument("--time-budget", type=float, metavar="S", help="stop starting launches after S seconds")
+    p.add_argument("--slots", type=int, default=1, metavar="N",
+                   help="run up to N candidates at once on disjoint GPU sets of the host (each its own port)")
     p.add_argument("--restore", action="store_true", help="end on the starting config instead of the winner")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each launch")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between launches")

@@ -61,10 +61,11 @@ def test_an_old_database_opens_reads_launch_zero_and_takes_new_rows(tmp_path: Pa
     path = tmp_path / "history.sqlite3"
     _old_database(path)
     with HistoryStore(path) as store:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         run = store.run(1)
         assert run is not None and len(run.trials) == 6
         assert {t.launch_idx for t in run.trials} == {0} and {ln.launch_idx for ln in run.launches} == {0}
+        assert {ln.slot for ln in run.launches} == {None}  # version 3's slot column: old launches ran without slots
         assert run.trials_by_launch(0) == [[40.0, 41.0, 39.0]]
         data = run_json(run)  # one launch per arm: a ratio, no launch-level interval, and it says so
         assert data["arms"][0]["launch_values"] == [40.0] and data["ratio_ci"] is None
@@ -74,14 +75,15 @@ def test_an_old_database_opens_reads_launch_zero_and_takes_new_rows(tmp_path: Pa
         rid = store.start_run("ab", profile="demo", host="sim", backend="sglang", model="m", params={},
                               arms=[("A", "", {}), ("B", "", {})])
         store.add_launch(run_id=rid, arm_idx=1, profile="demo", host="sim", argv=[], flags={}, server_flags=None,
-                         phase_times={}, outcome="ready", launch_idx=1)
+                         phase_times={}, outcome="ready", launch_idx=1, slot={"index": 2, "gpus": [4, 5], "port": 9})
         store.add_trial(rid, 1, 0, value=50.0, summary={}, accept_len=None, accept_source="", requests=[],
                         launch_idx=1)
         new = store.run(rid)
         assert new is not None and new.trials[0].launch_idx == 1 and new.launches[0].launch_idx == 1
+        assert new.launches[0].slot == {"index": 2, "gpus": [4, 5], "port": 9}
         assert store.integrity_ok()
     with HistoryStore(path) as again:  # a second open of a migrated file changes nothing
-        assert again.run(1) is not None and again.db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert again.run(1) is not None and again.db.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 def test_a_fresh_database_has_the_columns_and_the_version(tmp_path: Path) -> None:

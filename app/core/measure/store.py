@@ -18,7 +18,8 @@ app.core.server.progress; created by PHASE_SCHEMA on open, so older files get it
 Schema versions (PRAGMA user_version): 1 had no launch_idx; 2 adds `launch_idx INTEGER NOT NULL DEFAULT 0` to
 trials and launches (an A/B arm runs several launches). Opening a version-1 file adds the columns in place
 (ALTER TABLE ... ADD COLUMN, one transaction): old rows read launch_idx 0, which is what they were (one launch
-per arm).
+per arm). 3 adds the nullable `slot TEXT` to launches (a tune with `--slots N`: the slot's index, GPUs and port as
+JSON; NULL for a launch that ran without slots, as every older row did).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from app.core.server.progress import RunRecord
 
 DATA_DIR_ENV = "TUNEDASH_DATA_DIR"
 DB_NAME = "history.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 10.0  # how long a write waits for another writer's lock (two people in one tmux), in a thread
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -70,7 +71,7 @@ CREATE TABLE IF NOT EXISTS launches (
     profile TEXT NOT NULL, host TEXT NOT NULL, at REAL NOT NULL,
     argv TEXT NOT NULL, flags TEXT NOT NULL, server_flags TEXT,
     phase_times TEXT NOT NULL, outcome TEXT NOT NULL,
-    launch_idx INTEGER NOT NULL DEFAULT 0
+    launch_idx INTEGER NOT NULL DEFAULT 0, slot TEXT
 );
 CREATE TABLE IF NOT EXISTS trials (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -103,7 +104,7 @@ CREATE INDEX IF NOT EXISTS launch_phases_weights ON launch_phases(weights_key, a
 # Columns added after version 1, per table: (column, its declaration). Added to an older file when it opens.
 MIGRATIONS = {
     "trials": [("launch_idx", "INTEGER NOT NULL DEFAULT 0")],
-    "launches": [("launch_idx", "INTEGER NOT NULL DEFAULT 0")],
+    "launches": [("launch_idx", "INTEGER NOT NULL DEFAULT 0"), ("slot", "TEXT")],
 }
 
 
@@ -156,6 +157,7 @@ class LaunchRow:
     phase_times: dict[str, float]
     outcome: str
     launch_idx: int = 0
+    slot: dict[str, Any] | None = None  # {"index", "gpus", "port"} of a `--slots` launch; None without slots
 
 
 @dataclass(frozen=True)
@@ -382,13 +384,13 @@ class HistoryStore:
     @_serialised
     def add_launch(self, *, run_id: int | None, arm_idx: int | None, profile: str, host: str, argv: list[str],
                    flags: dict[str, Any], server_flags: dict[str, Any] | None, phase_times: dict[str, float],
-                   outcome: str, launch_idx: int = 0) -> None:
+                   outcome: str, launch_idx: int = 0, slot: dict[str, Any] | None = None) -> None:
         self.db.execute(
             "INSERT INTO launches (run_id, arm_idx, profile, host, at, argv, flags, server_flags, phase_times, "
-            "outcome, launch_idx) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcome, launch_idx, slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, arm_idx, profile, host, time.time(), json.dumps(argv), json.dumps(flags, default=str),
              None if server_flags is None else json.dumps(server_flags, default=str), json.dumps(phase_times),
-             outcome, launch_idx),
+             outcome, launch_idx, None if slot is None else json.dumps(slot)),
         )
 
     @_serialised
@@ -528,8 +530,8 @@ class HistoryStore:
             except BadRow as exc:
                 self._skip(f"run #{run_id} trial {t}", exc)
         launches = []
-        for a, at, argv, fl, sf, pt, out, li in self.db.execute(
-                "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome, launch_idx FROM launches "
+        for a, at, argv, fl, sf, pt, out, li, sl in self.db.execute(
+                "SELECT arm_idx, at, argv, flags, server_flags, phase_times, outcome, launch_idx, slot FROM launches "
                 "WHERE run_id = ? ORDER BY id", (run_id,)):
             try:
                 argv_list = _loads(argv) or []
@@ -539,7 +541,8 @@ class HistoryStore:
                 launches.append(LaunchRow(_int(a, optional=True), _epoch(at) or 0.0, argv_list, _json_dict(fl) or {},
                                           _json_dict(sf, optional=True),
                                           {str(k): _number(x) or 0.0 for k, x in times.items()},
-                                          _text(out) or "", _int(li, optional=True) or 0))
+                                          _text(out) or "", _int(li, optional=True) or 0,
+                                          _json_dict(sl, optional=True)))
             except BadRow as exc:
                 self._skip(f"run #{run_id} launch", exc)
         return RunRow(**{**base.__dict__, "arms": arms, "trials": trials, "launches": launches})

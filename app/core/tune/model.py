@@ -63,6 +63,7 @@ class LaunchDone:
     outcome: str  # ready | crashed | stuck | ...
     trials: tuple[ShapeTrial, ...] = ()
     wall_s: float | None = None
+    slot: int | None = None  # the parallel slot it ran on (`--slots N`); None without slots
 
 
 @dataclass(frozen=True)
@@ -164,15 +165,17 @@ def state_from_run(run: RunRow, shapes: int) -> TuneState:
         if ln.arm_idx is None:
             continue
         key = (ln.arm_idx, ln.launch_idx)
+        slot = ln.slot.get("index") if ln.slot is not None else None
+        slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
         got = sorted({tr.shape: tr for tr in trials.get(key, [])}.values(), key=lambda tr: tr.shape)
         used[ln.arm_idx] = max(used.get(ln.arm_idx, -1), ln.launch_idx)
         if ln.outcome != "ready":
-            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, ln.outcome))
+            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, ln.outcome, slot=slot))
         elif len(got) == shapes:
-            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, "ready", tuple(got)))
+            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, "ready", tuple(got), slot=slot))
         else:
             state.partial += 1
-            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, "partial"))
+            state.launches.append(LaunchDone(ln.arm_idx, ln.launch_idx, "partial", slot=slot))
     return state
 
 

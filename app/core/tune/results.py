@@ -226,7 +226,7 @@ def run_results(run: RunRow) -> dict[str, Any]:
         by_shape = {t.shape: t for t in ln.trials}
         for s, shape in enumerate(shapes):
             value = race_value(setup.objective, by_shape[s]) if s in by_shape else None
-            obs.append(Obs(names[ln.candidate], shape, ln.launch, () if value is None else (value,)))
+            obs.append(Obs(names[ln.candidate], shape, ln.launch, () if value is None else (value,), ln.slot))
     decision = decide(names, shapes, obs, setup.rule)
     stored = run.summary or {}
     return tune_results(setup, state, decision, status=run.shown_status, run_id=run.id, note=run.note or "",

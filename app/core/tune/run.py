@@ -16,6 +16,17 @@ between the launch and its trials) does not count and is launched again under th
 trials kept in the history; a launch that failed to come up counts as spent (the rule drops a candidate that keeps
 failing). Nothing measured is lost and no complete launch is repeated.
 
+Parallel slots (`--slots N`, TuneRunner(slots=[(Slot, owner), ...]), docs/decisions.md "Tune: parallel slots at run
+time"): one task per launch in flight, all in one asyncio.TaskGroup of `run` (a cancel or a failed launch cancels
+the others; nothing outlives the run). Whenever a slot is free the rule decides on the launches finished so far and
+app.core.tune.slots_stats.pick_slot_assignment says which candidate of its `next` goes on which free slot (the
+history it balances includes the launches in flight); the budget counts the launches in flight. Each slot has its
+own owner (its own lifecycle: job record, driver lock, release watch, under the slot's profile name,
+app.core.measure.slots.slot_profile), every launch row stores its slot (index, GPUs, port) and every observation
+carries it, so the rule blocks on the slot. A resumed run reads the slots back with the launches. The warm-cache
+order (below) is the single-slot path's only. At the end the winner runs on slot 0 (the profile's own GPUs and
+port); the caller stops the other slots' servers.
+
 Objectives (TuneSettings.objective): output tok/s per stream (the bench's output tok/s over the concurrency), total
 output tok/s, goodput (requests/s within the [bench] SLOs) or J/token; the rule wants higher-better values above 0,
 so J/token races as tokens/J and goodput 0 reads as no value. Constraints (ttft_p95_ms, tpot_p95_ms): a launch whose
@@ -27,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +47,7 @@ from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.bench import run_bench
 from app.core.measure.experiment import EnergyFor, ServerOwner
 from app.core.measure.http_probes import server_info
+from app.core.measure.slots import Slot, slot_profile
 from app.core.measure.store import HistoryStore, RunRow
 from app.core.profiles.render import launch_argv
 from app.core.profiles.types import Profile, TuneShape
@@ -55,6 +67,7 @@ from app.core.tune.model import (
 )
 from app.core.tune.race import Decision, Obs, decide
 from app.core.tune.results import tune_results
+from app.core.tune.slots_stats import pick_slot_assignment
 
 
 @dataclass(frozen=True)
@@ -67,18 +80,27 @@ class TuneProgress:
     launches_budget: int = 0
     eta_s: float | None = None
     decision: Decision | None = None
+    slot: int | None = None  # the slot of a launch, ready or shape step (`--slots N`); None without slots
 
 
 class TuneRunner:
     """Runs one TuneSpec through the server's owner, writing to a HistoryStore as launches and trials finish.
 
-    `resume`: a stored run of this spec (its launches are the start; module docstring)."""
+    `resume`: a stored run of this spec (its launches are the start; module docstring). `slots`: the parallel slots
+    and each one's owner, slot 0 first (the profile's own GPUs and port, `owner` unless given); two or more run
+    launches at once (module docstring); None or one slot: one launch at a time on `owner`."""
 
     def __init__(self, spec: TuneSpec, owner: ServerOwner, store: HistoryStore | None = None, *,
                  resume: RunRow | None = None, on_progress: Callable[[TuneProgress], None] | None = None,
-                 energy_for: EnergyFor | None = None) -> None:
+                 energy_for: EnergyFor | None = None,
+                 slots: Sequence[tuple[Slot, ServerOwner]] | None = None) -> None:
         self.spec = spec
-        self.owner = owner
+        self.slots: list[tuple[Slot, ServerOwner]] = (
+            list(slots) if slots else [(Slot(0, tuple(spec.profile.gpus), spec.profile.port), owner)])
+        if [slot.index for slot, _ in self.slots] != list(range(len(self.slots))):
+            raise ValueError("slots must be numbered 0, 1, ... in order")
+        self.parallel = len(self.slots) > 1
+        self.owner = self.slots[0][1]
         self.store = store
         self.on_progress = on_progress
         self.energy_for = energy_for
@@ -91,7 +113,21 @@ class TuneRunner:
         self.decision: Decision | None = None
         self._started = 0.0
         self._launch_walls: list[float] = []
-        self._current: int | None = None  # the candidate the server runs now (this session's launches)
+        self._running: dict[int, int] = {}  # slot -> the candidate its server runs now (this session's launches)
+        self._in_flight: dict[int, int] = {}  # slot -> the candidate launching or measuring on it now
+        self._reserved: dict[int, set[int]] = {}  # candidate -> its launch numbers in flight
+
+    @property
+    def _current(self) -> int | None:
+        """The candidate slot 0's server runs now (the profile's own server)."""
+        return self._running.get(0)
+
+    @_current.setter
+    def _current(self, candidate: int | None) -> None:
+        if candidate is None:
+            self._running.pop(0, None)
+        else:
+            self._running[0] = candidate
 
     # ---- names ---------------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -116,7 +152,7 @@ class TuneRunner:
             for s, shape in enumerate(shapes):
                 trial = by_shape.get(s)
                 value = race_value(objective, trial) if trial is not None else None
-                obs.append(Obs(names[ln.candidate], shape, ln.launch, () if value is None else (value,)))
+                obs.append(Obs(names[ln.candidate], shape, ln.launch, () if value is None else (value,), ln.slot))
         out = {names[c]: "over a constraint at every shape: " + "; ".join(
             f"{shapes[t.shape]}: {t.over}" for t in ln.trials)
             for c, ln in latest.items() if ln.trials and all(t.over for t in ln.trials)}
@@ -136,7 +172,7 @@ class TuneRunner:
         return decision
 
     # ---- progress -----------------------------------------------------------------------------------
-    def _emit(self, kind: str, text: str, decision: Decision | None = None) -> None:
+    def _emit(self, kind: str, text: str, decision: Decision | None = None, slot: int | None = None) -> None:
         if self.on_progress is None:
             return
         spent = self.state.spent()
@@ -145,7 +181,9 @@ class TuneRunner:
         if self._launch_walls and decision is not None and not decision.done:
             per = sum(self._launch_walls) / len(self._launch_walls)
             eta = per * min(left, max(1, len(decision.next)))
-        self.on_progress(TuneProgress(kind, text, spent, self.spec.max_launches, eta, decision))
+            if self.parallel:  # launches side by side: rounds of as many as there are slots
+                eta = per * -(-min(left, max(1, len(decision.next))) // len(self.slots))
+        self.on_progress(TuneProgress(kind, text, spent, self.spec.max_launches, eta, decision, slot))
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started if self._started else 0.0
@@ -166,7 +204,7 @@ class TuneRunner:
                           else ""))
         status, note = "failed", ""
         try:
-            decision = await self._race()
+            decision = await (self._race_slots() if self.parallel else self._race())
             status, note = "done", decision.why_done
             await self._end(decision)
         except asyncio.CancelledError:
@@ -190,6 +228,8 @@ class TuneRunner:
                                     run_id=self.run_id, note=note, ended_on=self.ended_on)
                 if status != "done":
                     data["resumable"] = True
+                if self.parallel:
+                    data["slots"] = self.slots_json()
                 await self.store.in_thread(self.store.finish_run, self.run_id, status, summary=data,
                                            verdict=data.get("verdict"), note=note or None)
         self._emit("done", note, decision)
@@ -210,6 +250,83 @@ class TuneRunner:
                 return decision
             await self._launch(self._pick(decision))
 
+    async def _race_slots(self) -> Decision:
+        """The race on two or more slots at once (module docstring)."""
+        names = self.names()
+        changed = asyncio.Event()
+        free = [slot.index for slot, _ in self.slots]
+
+        async def one(candidate: int, k: int, slot: int, number: int) -> None:
+            try:
+                await self._launch(candidate, slot, k, number)
+            finally:
+                self._in_flight.pop(slot, None)
+                self._reserved.get(candidate, set()).discard(k)
+                free.append(slot)
+                free.sort()
+                changed.set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    changed.clear()
+                    decision = self.decide()
+                    stop = decision.done
+                    budget = self.spec.time_budget_s
+                    if not stop and budget is not None and self.elapsed() >= budget:
+                        decision = replace(decision, done=True, next=(),
+                                           why_done=f"time budget spent: {self.elapsed():.0f} s of {budget:.0f} s")
+                        self.decision, stop = decision, True
+                    if not self._in_flight or not stop:
+                        self._emit("decision", decision.why_done or f"next: {', '.join(decision.next[:4])}"
+                                   + (" ..." if len(decision.next) > 4 else ""), decision)
+                    left = self.spec.max_launches - self.state.spent() - len(self._in_flight)
+                    if not stop and left > 0 and free:
+                        history: dict[str, list[int]] = {}
+                        for ln in self.counted():
+                            if ln.slot is not None:
+                                history.setdefault(names[ln.candidate], []).append(ln.slot)
+                        for slot, c in self._in_flight.items():
+                            history.setdefault(names[c], []).append(slot)
+                        flying = {names[c] for c in self._in_flight.values()}
+                        pairs = pick_slot_assignment(decision.next, free, history, flying)
+                        if not pairs and not self._in_flight and decision.next:  # cannot happen (all slots free)
+                            pairs = [(decision.next[0], free[0])]
+                        for name, slot in pairs[:left]:
+                            c = names.index(name)
+                            k = self._next_number(c)
+                            self._reserved.setdefault(c, set()).add(k)
+                            free.remove(slot)
+                            self._in_flight[slot] = c
+                            number = self.state.spent() + len(self._in_flight)
+                            group.create_task(one(c, k, slot, number), name=f"tune: {name} on slot {slot}")
+                    if not self._in_flight:
+                        return self.decision or decision
+                    await changed.wait()
+        except BaseExceptionGroup as failed:  # a launch that failed (the others were cancelled): raised as itself
+            first: BaseException = failed
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+
+    def _next_number(self, candidate: int) -> int:
+        """The next launch number of `candidate`, past the stored ones and those in flight."""
+        return max(self.state.next_launch(candidate), max(self._reserved.get(candidate, ()), default=-1) + 1)
+
+    def slots_json(self) -> dict[str, Any]:
+        """The slots (GPUs, port) with each one's estimated effect and the A/A across slots (results' "slots")."""
+        fx = self.decision.slots if self.decision is not None else None
+        rows = []
+        for slot, _ in self.slots:
+            effect = next((e for e in fx.effects if e.slot == slot.index), None) if fx is not None else None
+            rows.append({"index": slot.index, "gpus": list(slot.gpus), "port": slot.port,
+                         "launches": sum(1 for ln in self.counted() if ln.slot == slot.index),
+                         "factor": None if effect is None else effect.factor,
+                         "ci": None if effect is None or effect.ci is None else list(effect.ci)})
+        return {"slots": rows, "aa": None if fx is None else fx.aa_text,
+                "differ": None if fx is None else fx.significant,
+                "estimated": None if fx is None else fx.estimated}
+
     def _pick(self, decision: Decision) -> int:
         """The candidate to launch: the rule's first; for a warm profile, the first among those with as few
         launches as the rule's first whose cache key equals the running server's (module docstring)."""
@@ -228,46 +345,57 @@ class TuneRunner:
     def _profile(self, candidate: int) -> Profile:
         return replace(self.spec.profile, flags=dict(self.spec.candidates[candidate].flags))
 
-    async def _launch(self, candidate: int) -> None:
+    async def _launch(self, candidate: int, slot_index: int = 0, k: int | None = None,
+                      number: int | None = None) -> None:
+        """One launch of `candidate` on a slot (slot 0, the profile's own, without slots): relaunch, warm-up, every
+        shape; appended to the state once complete (or failed to come up)."""
         spec = self.spec
         c = spec.candidates[candidate]
-        k = self.state.next_launch(candidate)
-        profile = self._profile(candidate)
-        which = f"launch {self.state.spent() + 1}/{spec.max_launches}: {c.label} (its launch {k + 1})"
-        await check_fits(self.owner.host, max(self._launch_walls, default=0.0), f"candidate {c.label}")
-        self._emit("launch", which)
+        k = self.state.next_launch(candidate) if k is None else k
+        slot, owner = self.slots[slot_index]
+        at = slot if self.parallel else None
+        where = None if at is None else at.index
+        profile = slot_profile(self._profile(candidate), slot) if at is not None else self._profile(candidate)
+        number = self.state.spent() + 1 if number is None else number
+        on = f" on slot {slot.index}" if at is not None else ""
+        which = f"launch {number}/{spec.max_launches}{on}: {c.label} (its launch {k + 1})"
+        await check_fits(owner.host, max(self._launch_walls, default=0.0), f"candidate {c.label}{on}")
+        self._emit("launch", which + (f" [GPUs {','.join(map(str, slot.gpus))}, port {slot.port}]" if on else ""),
+                   slot=where)
         started = time.monotonic()
         try:
-            state = await self.owner.relaunch(profile, ready_timeout_s=spec.ready_timeout_s,
-                                              change=f"tune {which}")
+            state = await owner.relaunch(profile, ready_timeout_s=spec.ready_timeout_s, change=f"tune {which}")
         except LaunchRefused as refused:
-            await self._record_launch(candidate, k, profile, None, "refused")
-            raise TuneFailed(f"candidate {c.label}: {refused}", refused.reason) from None
-        self._current = candidate
-        life = self.owner.view()
+            await self._record_launch(candidate, k, profile, None, "refused", slot=at)
+            raise TuneFailed(f"candidate {c.label}{on}: {refused}", refused.reason) from None
+        self._running[slot.index] = candidate
+        life = owner.view()
         if state != ServerState.READY:
             outcome = state.value.lower()
-            await self._record_launch(candidate, k, profile, None, outcome)
-            self.state.launches.append(LaunchDone(candidate, k, outcome))
+            await self._record_launch(candidate, k, profile, None, outcome, slot=at)
+            self.state.launches.append(LaunchDone(candidate, k, outcome, slot=where))
             detail = life.crash_detail() if state == ServerState.CRASHED else ""
-            self._emit("ready", f"{which}: did not become ready (state {state.value}{': ' + detail if detail else ''})")
+            self._emit("ready", f"{which}: did not become ready (state {state.value}{': ' + detail if detail else ''})",
+                       slot=where)
             return
-        url = await self.owner.host.http_base(profile.port)
+        url = await owner.host.http_base(profile.port)
         info = await server_info(url, profile.backend)
-        await self._record_launch(candidate, k, profile, info, "ready", life.phase_times)
-        self._emit("ready", f"{which}: ready after {time.monotonic() - started:.1f} s")
+        await self._record_launch(candidate, k, profile, info, "ready", life.phase_times, slot=at)
+        self._emit("ready", f"{which}: ready after {time.monotonic() - started:.1f} s", slot=where)
         if spec.profile.bench.warmup > 0:
             widest = max(spec.shapes, key=lambda s: s.concurrency)
             warm = replace(spec.bench(widest), requests=spec.profile.bench.warmup)
             await run_bench(url, profile.model, warm)
         trials = []
         for s, shape in enumerate(spec.shapes):
-            trials.append(await self._shape(candidate, k, s, shape, profile, url))
-        self.state.launches.append(LaunchDone(candidate, k, "ready", tuple(trials), time.monotonic() - started))
+            trials.append(await self._shape(candidate, k, s, shape, profile, url, at))
+        self.state.launches.append(LaunchDone(candidate, k, "ready", tuple(trials), time.monotonic() - started,
+                                              where))
         self._launch_walls.append(time.monotonic() - started)
 
     async def _record_launch(self, candidate: int, k: int, profile: Profile, info: dict[str, Any] | None,
-                             outcome: str, times: dict[str, float] | None = None) -> None:
+                             outcome: str, times: dict[str, float] | None = None, *,
+                             slot: Slot | None = None) -> None:
         if self.store is None:
             return
         server_flags = None
@@ -276,10 +404,11 @@ class TuneRunner:
         await self.store.in_thread(
             self.store.add_launch, run_id=self.run_id, arm_idx=candidate, profile=profile.name, host=profile.host,
             argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
-            phase_times=times or {}, outcome=outcome, launch_idx=k)
+            phase_times=times or {}, outcome=outcome, launch_idx=k,
+            slot=None if slot is None else {"index": slot.index, "gpus": list(slot.gpus), "port": slot.port})
 
     async def _shape(self, candidate: int, k: int, s: int, shape: TuneShape, profile: Profile,
-                     url: str) -> ShapeTrial:
+                     url: str, slot: Slot | None = None) -> ShapeTrial:
         spec = self.spec
         bench = spec.bench(shape)
         energy = self.energy_for(profile) if self.energy_for is not None else None
@@ -307,8 +436,10 @@ class TuneRunner:
                                        accept_len=summary.accept_len, accept_source=summary.accept_source,
                                        requests=result.results, launch_idx=k)
         shown = "no value" if value is None else f"{value:.4g} {OBJECTIVE_TEXT[st.objective]}"
-        self._emit("shape", f"  {shape.label}: {shown}" + (f" ({trial.over})" if trial.over else "")
-                   + (f", {summary.errors} errors" if summary.errors else ""))
+        where = "" if slot is None else f"[slot {slot.index}: {self.spec.candidates[candidate].label}] "
+        self._emit("shape", f"  {where}{shape.label}: {shown}" + (f" ({trial.over})" if trial.over else "")
+                   + (f", {summary.errors} errors" if summary.errors else ""),
+                   slot=None if slot is None else slot.index)
         return trial
 
     async def _end(self, decision: Decision) -> None:
@@ -337,5 +468,5 @@ class TuneRunner:
         except LaunchRefused as refused:
             self.ended_on = f"{label} could not be launched: {refused}"
             return
-        self._current = target
+        self._running[0] = target
         self.ended_on = f"{label} ({why})" + ("" if state == ServerState.READY else f", state {state.value}")

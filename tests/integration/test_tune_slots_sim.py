@@ -1,0 +1,248 @@
+"""End to end on a simulated 8-GPU host (profiles/demo-8gpu.toml's host, GPUs 6-7 slower): `tunedash tune --slots N`
+runs candidates side by side on disjoint GPU sets and ports, never two servers on one GPU or one port at once (the
+sim's allocations and the job records, watched while it runs), each candidate with two or more launches on two or
+more slots, the other slots' servers killed and their GPUs confirmed free at the end; a tune SIGKILLed with
+launches in flight resumes (`--resume ID --slots N`) repeating no complete launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.core.measure.store import DATA_DIR_ENV, HistoryStore
+from tests.helpers import REPO, kill_launched
+
+pytestmark = pytest.mark.slow
+
+TUNE = """
+[bench]
+concurrency = 2
+requests = 4
+input_len = 16
+output_len = 16
+warmup = 0
+[tune]
+shapes = [{ concurrency = 1, requests = 1 }, { concurrency = 4, requests = 4 }]
+max_launches = 6
+[tune.flags]
+speculative-num-steps = [1, 3, 4]
+"""
+
+
+def _ports(n: int) -> int:
+    """A base port with base .. base + n - 1 all free right now."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = int(sock.getsockname()[1])
+        if base + n > 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+@pytest.fixture
+def host8(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(profile file, sim state) of an 8-GPU simulated host like demo-8gpu's, with a tiny [tune] table."""
+    state = tmp_path / "sim8"
+    text = (Path(REPO) / "profiles" / "demo-8gpu.toml").read_text()
+    out = []
+    for line in text.splitlines():
+        if line.startswith("name ="):
+            line = 'name = "s8"'
+        elif line.startswith("sim_state ="):
+            line = f'sim_state = "{state}"'
+        elif line.startswith("port ="):
+            line = f"port = {_ports(4)}"
+        elif line.startswith("[env]"):
+            line = '[env]\nTUNEDASH_SIM_STARTUP_S = "0.3"'
+        elif line.startswith("[bench]"):
+            break
+        out.append(line)
+    profile = tmp_path / "s8.toml"
+    profile.write_text("\n".join(out) + "\n" + TUNE)
+    yield profile, state
+    kill_launched(state)
+
+
+def _env(data: Path) -> dict[str, str]:
+    return {**os.environ, DATA_DIR_ENV: str(data), "PYTHONUNBUFFERED": "1"}
+
+
+def _alive(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+class Watch:
+    """Samples the sim's allocations and job records every 20 ms while a tune runs; records every overlap."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.problems: list[str] = []
+        self.samples = 0
+        self.most_servers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _read(self, path: Path) -> object:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self.sample()
+
+    def sample(self) -> None:
+        data = self._read(self.state / "allocations.json")
+        records = data.get("records", []) if isinstance(data, dict) else []
+        by_gpu: dict[int, set[int]] = {}
+        for r in records:
+            pgid = _alive(int(r["pid"]))
+            if pgid is not None and not r.get("dead_since"):
+                by_gpu.setdefault(int(r["gpu"]), set()).add(pgid)
+        for gpu, groups in by_gpu.items():
+            if len(groups) > 1:
+                self.problems.append(f"GPU {gpu} held by servers {sorted(groups)} at once")
+        ports: dict[int, str] = {}
+        gpus_of: dict[int, tuple[str, set[int]]] = {}
+        for f in (self.state / "host" / "jobs").glob("*.json"):
+            rec = self._read(f)
+            if not isinstance(rec, dict) or rec.get("pgid") is None or _alive(int(rec["pid"])) is None:
+                continue
+            if rec["port"] in ports:
+                self.problems.append(f"port {rec['port']} named by {ports[rec['port']]} and {rec['profile']}")
+            ports[rec["port"]] = rec["profile"]
+            gpus_of[int(rec["pgid"])] = (rec["profile"], set(rec["gpus"]))
+        for gpu, groups in by_gpu.items():
+            for g in groups:
+                if g in gpus_of and gpu not in gpus_of[g][1]:
+                    self.problems.append(f"{gpus_of[g][0]} holds GPU {gpu}, not one of its {sorted(gpus_of[g][1])}")
+        self.samples += 1
+        self.most_servers = max(self.most_servers, len(ports))
+
+
+def _stored(data: Path) -> list[tuple[int, int, str, int | None]]:
+    with HistoryStore(data / "history.sqlite3") as store:
+        run = store.run(store.runs()[0].id)
+    assert run is not None
+    return [(ln.arm_idx or 0, ln.launch_idx, ln.outcome, None if ln.slot is None else ln.slot["index"])
+            for ln in run.launches]
+
+
+@pytest.mark.parametrize("slots", [4])
+def test_slots_run_side_by_side_on_disjoint_gpus_and_ports(host8: tuple[Path, Path], tmp_path: Path,
+                                                           slots: int) -> None:
+    profile, state = host8
+    data = tmp_path / "data"
+    with Watch(state) as watch:
+        done = subprocess.run([sys.executable, "-m", "app", "tune", str(profile), "--slots", str(slots), "--json"],
+                              capture_output=True, text=True, timeout=300, cwd=REPO, env=_env(data))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert watch.samples > 20 and not watch.problems, watch.problems[:5]
+    assert watch.most_servers >= 2  # they did run side by side
+    result = json.loads(done.stdout)
+    assert [s["index"] for s in result["slots"]["slots"]] == list(range(slots))
+    assert result["slots"]["aa"]  # the A/A across slots is reported
+    for i in range(1, slots):
+        assert f"slot {i} (GPUs" in done.stderr and "confirmed free" in done.stderr
+    launches = _stored(data)
+    assert len(launches) == 6 and all(slot is not None for *_, slot in launches)
+    per: dict[int, set[int]] = {}
+    counts: dict[int, int] = {}
+    for arm, _, outcome, slot in launches:
+        assert outcome == "ready"
+        assert slot is not None
+        per.setdefault(arm, set()).add(slot)
+        counts[arm] = counts.get(arm, 0) + 1
+    for arm, n in counts.items():
+        if n >= 2:
+            assert len(per[arm]) >= 2, (arm, launches)
+    # At the end only slot 0 (the profile's own GPUs 0-1) holds a live server.
+    watch.sample()
+    held = {int(r["gpu"]) for r in json.loads((state / "allocations.json").read_text())["records"]
+            if _alive(int(r["pid"])) is not None and not r.get("dead_since")}
+    assert held <= {0, 1}, held
+
+
+def test_a_slotted_tune_killed_mid_run_resumes_without_repeating_a_launch(host8: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    profile, _state = host8
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "tune", str(profile), "--slots", "2"], cwd=REPO,
+                            env=_env(data), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "launch 3/6 on slot" in line and "ready after" in line:  # one or two complete, one maybe in flight
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                break
+        else:
+            raise AssertionError("launch 3 did not come up:\n" + "".join(seen))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    with HistoryStore(data / "history.sqlite3") as store:
+        run = store.runs()[0]
+        before = store.run(run.id)
+    assert before is not None and run.shown_status == "interrupted"
+    shapes = 2
+    complete_before = {(t.arm_idx, t.launch_idx) for t in before.trials
+                       if sum(1 for u in before.trials if (u.arm_idx, u.launch_idx) == (t.arm_idx, t.launch_idx))
+                       == shapes}
+    trials_before = sorted((t.arm_idx, t.launch_idx, t.trial_idx, t.value) for t in before.trials)
+    assert len(complete_before) >= 1 and all(ln.slot is not None for ln in before.launches)
+    again = subprocess.run([sys.executable, "-m", "app", "tune", str(profile), "--slots", "2", "--resume",
+                            str(run.id)], capture_output=True, text=True, timeout=300, cwd=REPO, env=_env(data))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"resuming run #{run.id}" in again.stdout
+    with HistoryStore(data / "history.sqlite3") as store:
+        after = store.run(run.id)
+    assert after is not None and after.status == "done"
+    keys = [(ln.arm_idx, ln.launch_idx) for ln in after.launches]
+    assert len(keys) == len(set(keys)), keys  # no launch number used twice
+    trials_after = sorted((t.arm_idx, t.launch_idx, t.trial_idx, t.value) for t in after.trials)
+    assert set(trials_before) <= set(trials_after)  # nothing measured lost
+    for key in complete_before:  # no complete launch repeated: its trials are exactly the ones it had
+        assert [x for x in trials_after if x[:2] == key] == [x for x in trials_before if x[:2] == key]
+    counted = {(ln.arm_idx, ln.launch_idx) for ln in after.launches if ln.outcome == "ready"}
+    complete_after = {k for k in counted if sum(1 for t in after.trials if (t.arm_idx, t.launch_idx) == k) == shapes}
+    assert complete_before < complete_after  # the resume measured more, the launches kept

@@ -1,0 +1,149 @@
+"""The tune runner on parallel slots without a server: fake owners (one per slot) and a fake bench. Launches run side
+by side, never two on one slot, every observation carries its slot, a candidate's launches spread over slots, the
+budget counts launches in flight, and a launch refused on one slot stops the tune as TuneFailed (not an exception
+group) with the other slot's launch cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.core.data import ServerState
+from app.core.errors import Reason
+from app.core.measure.slots import Slot
+from app.core.profiles.loading import parse_profile
+from app.core.server.events import LifecycleView
+from app.core.server.preflight import LaunchRefused
+from app.core.tune import run as run_module
+from app.core.tune.model import TuneFailed, TuneSpec
+from app.core.tune.run import TuneRunner
+from app.core.tune.space import build_space
+
+PROFILE = """backend = "sglang"\nmodel = "m"\nhost = "local"\nport = 9000\ngpus = [0, 1]
+[flags]
+tp-size = 2
+speculative-algorithm = "NEXTN"
+speculative-num-steps = 1
+speculative-eagle-topk = 1
+speculative-num-draft-tokens = 2
+[tune]
+shapes = [{ concurrency = 1 }, { concurrency = 4 }]
+[tune.flags]
+speculative-num-steps = [1, 2, 3, 4]
+"""
+
+
+class Host:
+    name = "fake"
+
+    async def http_base(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+
+class Owner:
+    """One slot's server owner: relaunch takes a few loop turns; records who overlapped whom."""
+
+    def __init__(self, slot: int, log: dict[str, Any], refuse: bool = False) -> None:
+        self.slot = slot
+        self.log = log
+        self.host = Host()
+        self.refuse = refuse
+        self.profile: Any = None
+        self.cancelled = False
+
+    async def relaunch(self, profile: Any, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState:
+        busy = self.log["busy"]
+        if self.slot in busy:
+            self.log["problems"].append(f"slot {self.slot} relaunched while busy")
+        if self.refuse and self.log["launches"] >= 1:
+            raise LaunchRefused("GPU 2 held by someone else", Reason.GPUS_HELD)
+        busy.add(self.slot)
+        self.log["most"] = max(self.log["most"], len(busy))
+        self.log["launches"] += 1
+        self.log["profiles"].append((self.slot, profile.name, tuple(profile.gpus), profile.port))
+        self.profile = profile
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return ServerState.READY
+
+    def subscribe(self, listener: Any) -> Any:
+        return lambda: None
+
+    def view(self) -> LifecycleView:
+        return LifecycleView(state=ServerState.READY, since=0.0, record=None, profile=self.profile,
+                             phase_times={}, notices=(), fatal=None, last_lines=(), holders=(), health_ok=None,
+                             last_decode=None)
+
+
+def _spec(launches: int = 8) -> TuneSpec:
+    profile = parse_profile(PROFILE, Path("p.toml"))
+    assert profile.tune is not None
+    space = build_space(profile, profile.tune, running=profile.flags)
+    return TuneSpec(replace(profile, bench=replace(profile.bench, warmup=0)), space.candidates, profile.tune.shapes,
+                    profile.tune, launches)
+
+
+@pytest.fixture
+def fake_bench(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    log: dict[str, Any] = {"busy": set(), "most": 0, "launches": 0, "problems": [], "profiles": []}
+
+    async def server_info(url: str, backend: str) -> dict[str, Any]:
+        return {}
+
+    async def run_bench(url: str, model: str, bench: Any, energy: Any = None) -> Any:
+        port = int(url.rsplit(":", 1)[1])
+        await asyncio.sleep(0)
+        log["busy"].discard(port - 9000)  # the launch's last shape ends its hold on the slot
+        summary = SimpleNamespace(output_tok_s=100.0 + port % 7, goodput_rps=None, energy=None, errors=0,
+                                  accept_len=None, accept_source="", to_json=lambda: {})
+        return SimpleNamespace(summary=summary, results=[])
+
+    monkeypatch.setattr(run_module, "server_info", server_info)
+    monkeypatch.setattr(run_module, "run_bench", run_bench)
+    return log
+
+
+def _slots(log: dict[str, Any], n: int, refuse: int | None = None) -> list[tuple[Slot, Any]]:
+    return [(Slot(i, (2 * i, 2 * i + 1), 9000 + i), Owner(i, log, refuse == i)) for i in range(n)]
+
+
+async def test_launches_run_side_by_side_one_per_slot_each_candidate_on_two_slots(fake_bench: dict[str, Any]) -> None:
+    slots = _slots(fake_bench, 4)
+    runner = TuneRunner(_spec(8), slots[0][1], slots=slots)
+    await runner.run()
+    assert not fake_bench["problems"] and fake_bench["most"] >= 2
+    assert len(runner.state.launches) == 8  # the budget, launches in flight counted: not one more
+    assert all(ln.slot is not None for ln in runner.state.launches)
+    _, obs, _ = runner.observations()
+    assert obs and all(o.slot is not None for o in obs)
+    per: dict[int, set[int]] = {}
+    for ln in runner.state.launches:
+        per.setdefault(ln.candidate, set()).add(ln.slot or 0)
+    for c, used in per.items():
+        if sum(1 for ln in runner.state.launches if ln.candidate == c) >= 2:
+            assert len(used) >= 2, (c, used)
+    names = {name for _, name, _, _ in fake_bench["profiles"]}
+    assert {slot: (gpus, port) for slot, _, gpus, port in fake_bench["profiles"]} == {
+        i: ((2 * i, 2 * i + 1), 9000 + i) for i in range(4)}
+    assert any(n.endswith("@slot1") for n in names) and "p" in names  # slot 0 keeps the profile's name
+    numbers = [(ln.candidate, ln.launch) for ln in runner.state.launches]
+    assert len(numbers) == len(set(numbers))
+    assert runner.slots_json()["slots"][3]["gpus"] == [6, 7]
+
+
+async def test_a_launch_refused_on_one_slot_stops_the_tune_as_tune_failed(fake_bench: dict[str, Any]) -> None:
+    slots = _slots(fake_bench, 2, refuse=1)
+    runner = TuneRunner(_spec(8), slots[0][1], slots=slots)
+    with pytest.raises(TuneFailed, match="on slot 1: GPU 2 held"):
+        await runner.run()
+    assert runner.status == "failed"
