@@ -64,6 +64,7 @@ from app.core.hosts.slurm_facts import (
     trouble,
 )
 from app.core.hosts.slurm_request import STEP_NAME, SlurmRequest
+from app.core.hosts.ssh import SshHost
 from app.core.hosts.window import HEAD_BYTES, TAIL_BYTES, LogWindow
 from app.core.tasks import Listeners, TaskOwner, Unsubscribe
 
@@ -555,8 +556,8 @@ class SlurmHost(Host):
     # ---- HTTP and lifetime ----------------------------------------------------------------------------
     async def http_base(self, port: int) -> str:
         """On one node that is this machine: 127.0.0.1; a node the login host reaches by name: NODE:PORT; over
-        SSH, the login host's forward (the server must then run on the login node: multi-node over SSH is not
-        built, HostError says so)."""
+        SSH, a forward through the login node: to its own 127.0.0.1 when the step runs on the login node, else to
+        NODE:PORT as the login node reaches it (the server must listen on the node's address, not 127.0.0.1)."""
         _, node = await self.where()
         if getattr(self.login, "is_local", False):
             here = socket.gethostname().split(".")[0]
@@ -564,8 +565,10 @@ class SlurmHost(Host):
         identity = await self.login.boot_identity()
         if identity.hostname.split(".")[0] == node.split(".")[0]:
             return await self.login.http_base(port)
-        raise HostError(f"{self.name}: the server runs on {node}, not on the login node: reaching it over SSH "
-                        "through the login node is not built yet; run tunedash on the login node (slurm:local)")
+        if not isinstance(self.login, SshHost):
+            raise HostError(f"{self.name}: the server runs on {node}, not on the login node, and the login host "
+                            "cannot forward a port; run tunedash on the login node (slurm:local)")
+        return await self.login.forward_to(node, port)
 
     async def release(self) -> None:
         """Give the allocation back (`scancel J`) when tunedash asked for it; a job given by the profile stays."""

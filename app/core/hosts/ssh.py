@@ -22,7 +22,7 @@ ends the attempts of this host object. Every connection is opened by `ssh_trust.
 options `ssh_options` reads from ~/.ssh/config, so the host-key check and the login agree.
 Detached servers never depend on the connection (setsid nohup), so a disconnect never touches them.
 
-HTTP to the server goes through a local port forward on the same connection, cached per remote port; the
+HTTP to the server goes through a local port forward on the same connection, cached per destination and port; the
 local port is re-bound to the same number after a reconnect so a probe's base URL stays valid.
 """
 
@@ -107,8 +107,8 @@ class SshHost(Host):
         self._tasks = TaskOwner(f"ssh {spec}")  # the supervisor that reconnects
         self._listeners: Listeners[ConnectionChanged] = Listeners(f"ssh {spec}")
         self._trust_prompt: Callable[[object], Awaitable[bool]] | None = None
-        self._forwards: dict[int, int] = {}  # remote port -> local port
-        self._listeners_fw: dict[int, asyncssh.SSHListener] = {}
+        self._forwards: dict[tuple[str, int], int] = {}  # (destination, its port) -> local port
+        self._listeners_fw: dict[tuple[str, int], asyncssh.SSHListener] = {}
         self.state = "disconnected"
 
     # ---- connection ------------------------------------------------------------------------------
@@ -457,21 +457,28 @@ class SshHost(Host):
 
     # ---- HTTP ------------------------------------------------------------------------------------
     async def http_base(self, port: int) -> str:
+        return await self.forward_to("127.0.0.1", port)
+
+    async def forward_to(self, destination: str, port: int) -> str:
+        """The base URL of a local port forwarded over this connection to DESTINATION:PORT as this host reaches it
+        (127.0.0.1: this host itself; a node's name: a Slurm node behind this login node)."""
         conn = await self._connection()
-        if port not in self._listeners_fw:
-            wanted = self._forwards.get(port, 0)
+        key = (destination, port)
+        if key not in self._listeners_fw:
+            wanted = self._forwards.get(key, 0)
             try:
-                listener = await conn.forward_local_port("127.0.0.1", wanted, "127.0.0.1", port)
+                listener = await conn.forward_local_port("127.0.0.1", wanted, destination, port)
             except (asyncssh.Error, OSError) as exc:
-                raise HostError(f"{self.name}: cannot forward a local port to port {port} ({exc})") from None
-            self._listeners_fw[port] = listener
-            self._forwards[port] = listener.get_port()
-        return f"http://127.0.0.1:{self._forwards[port]}"
+                raise HostError(f"{self.name}: cannot forward a local port to {destination}:{port} ({exc})") from None
+            self._listeners_fw[key] = listener
+            self._forwards[key] = listener.get_port()
+        return f"http://127.0.0.1:{self._forwards[key]}"
 
     async def _restore_forwards(self, conn: asyncssh.SSHClientConnection) -> None:
-        for remote, local in list(self._forwards.items()):
+        for (destination, remote), local in list(self._forwards.items()):
             with contextlib.suppress(asyncssh.Error, OSError):
-                self._listeners_fw[remote] = await conn.forward_local_port("127.0.0.1", local, "127.0.0.1", remote)
+                self._listeners_fw[(destination, remote)] = await conn.forward_local_port(
+                    "127.0.0.1", local, destination, remote)
 
 
 def _text(value: object) -> str:
