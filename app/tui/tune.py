@@ -138,7 +138,8 @@ class TuneScreen(SlotScreen):
         try:
             await runner.run()
         except TuneFailed as exc:
-            self.say(f"stopped: {exc}")
+            text = str(exc)
+            self.say(text if text.startswith("stopped:") else f"stopped: {text}")  # an allocation end says it
 
         finally:
             decision = runner.decision or runner.decide()
