@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.cli.ab_slots import run_ab_slots
 from app.cli.common import (
     EXIT_OK,
     EXIT_START_FAILED,
@@ -54,6 +55,7 @@ from app.core.measure.metrics import MetricsPoller, MetricsRate, spec_decode_tot
 from app.core.measure.probe import probe_loop
 from app.core.measure.recorded import run_recorded_bench
 from app.core.measure.report import bench_rows, experiment_text, export_run, text_table
+from app.core.measure.slot_ab import SlotExperiment
 from app.core.measure.store import HistoryStore, StoreError
 from app.core.profiles.loading import resolve_profile
 from app.core.profiles.render import launch_env
@@ -164,8 +166,18 @@ async def cmd_ab(args: argparse.Namespace) -> int:
     launches = args.launches if args.launches is not None else profile.bench.launches
     if launches < 1:
         raise CliError(f"--launches must be at least 1 (got {launches}); 2 or more per arm give an interval")
+    slots = args.slots if args.slots is not None else 1
+    if slots not in (1, 2):
+        raise CliError(f"--slots: ab runs on 1 slot or 2 side by side (got {slots}); `tunedash tune --slots N` "
+                       "spreads more candidates")
+    if slots == 2 and len(arms) != 2:
+        raise CliError("--slots 2 runs A and B side by side: drop --arm (or run without --slots)")
+    if slots == 2 and args.blocked:
+        raise CliError("--slots 2 crosses A and B over the slots round by round; --blocked does not apply")
     spec = ExperimentSpec(arms, trials, _spec(profile, args), interleave=not args.blocked,
-                          ready_timeout_s=args.ready_timeout, launches=launches)
+                          ready_timeout_s=args.ready_timeout, launches=launches, slots=slots)
+    if slots == 2:
+        return await run_ab_slots(profile, spec, args, _store, _report_ab)
     host = open_host(profile)
     quiet = args.json or args.md
     lifecycle = lifecycle_for(profile, host, argparse.Namespace(**{**vars(args), "json": quiet}))  # quiet: no narration
@@ -218,9 +230,12 @@ def _report_ab(experiment: Experiment, args: argparse.Namespace, store: HistoryS
             say(export_run(run, "md"))
             return
     say(experiment_text(report))
-    last = experiment.result.arms[experiment.spec.schedule()[-1].arm] if experiment.result.status == "done" else None
+    last_idx = (experiment.last_on_slot0() if isinstance(experiment, SlotExperiment)
+                else experiment.spec.schedule()[-1].arm)
+    last = experiment.result.arms[last_idx] if experiment.result.status == "done" else None
     if last is not None:
-        say(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'})")
+        where = " on slot 0 (the profile's own GPUs and port)" if isinstance(experiment, SlotExperiment) else ""
+        say(f"the server keeps running with arm {last.label} ({last.overrides or 'the profile as is'}){where}")
     say(f"history: run #{experiment.run_id} (`tunedash export {experiment.run_id} --format md`)")
 
 
@@ -429,6 +444,9 @@ def register(sub: Any, with_overrides: Any) -> None:
                        help="launches in the order A B B A A B ... so drift cancels (the default)")
     order.add_argument("--blocked", dest="blocked", action="store_true",
                        help="every launch of A, then every launch of B")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="2: run A and B side by side on two disjoint GPU sets, crossed over (round r: A on slot r%%2, "
+                        "B on the other), and report the slot effect; 1 (default): one server, arm after arm")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each arm's server")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between arms")
     p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")

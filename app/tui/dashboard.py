@@ -585,7 +585,7 @@ class DashboardScreen(Screen[None]):
             ask_adopted(self.app, adopted, "kill", lambda: self.command("kill", self.session.kill))
             return
         record = session.view().record
-        detail = f"SIGTERM to process group {record.pgid}, then SIGKILL after the grace period." if record else ""
+        detail = session.host.kill_text(record.pgid) if record and record.pgid is not None else ""
         if session.busy:
             detail = f"{detail} The {session.busy} in progress is cancelled first.".strip()
 

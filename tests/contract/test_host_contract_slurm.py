@@ -55,3 +55,27 @@ async def test_a_log_path_is_never_a_slurm_pattern(host: Host, tmp_path: Path) -
     assert log.read_text() == "hello\n"
     assert sorted(path.name for path in log.parent.iterdir()) == [log.name]
     assert spawned.pid == spawned.pgid
+
+
+async def test_the_kill_text_names_the_step_recorded_at_launch(host: Host, tmp_path: Path) -> None:
+    """The kill confirmation and the event log say what a kill does here: `scancel J.S` of the step recorded at
+    launch, the allocation kept; another session (a dashboard started later) says so once it has read the record
+    (its first liveness check), never a SIGTERM to a process group it cannot see."""
+    assert isinstance(host, SlurmHost)
+    spawned = await host.spawn_detached(["sleep", "120"], log_path=str(tmp_path / "sleep.log"))
+    record = await host.step_record(spawned.pgid)
+    assert record is not None
+    job = record.step.split(".")[0]
+    said = (f"scancel --signal=TERM {record.step} (the server's step on {record.node}, recorded at launch), then "
+            f"--signal=KILL after the grace period. The allocation (job {job}) is kept.")
+    assert host.kill_text(spawned.pgid) == said
+    assert await host.signal_text(spawned.pgid, "SIGKILL") == (
+        f"scancel --signal=KILL {record.step} (the server's step on {record.node}, recorded at launch)")
+    later = SlurmHost("slurm:local", host.request, login=host.login)
+    assert "SIGTERM to process group" not in later.kill_text(spawned.pgid)
+    assert await later.group_alive(spawned.pgid, spawned.start_time)
+    assert later.kill_text(spawned.pgid) == said
+    assert host.login.kill_text(spawned.pgid) == (f"SIGTERM to process group {spawned.pgid}, then SIGKILL after "
+                                                  "the grace period.")  # what the same launch reads as elsewhere
+    await later.close()
+    assert await host.signal_group(spawned.pgid, 9)

@@ -30,7 +30,7 @@ from tests.helpers import free_port
 from tests.helpers import pilot_until as until
 from tests.integration.sshd import TEST_USER, Sshd, open_to_all
 from tests.integration.test_ssh_cli import cli
-from tests.ui.test_app_flows import SIZE, event_texts, screen_text, state_of
+from tests.ui.ui_flows import SIZE, event_texts, screen_text, state_of
 from widgets import ConfirmModal
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]

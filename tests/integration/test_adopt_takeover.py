@@ -27,7 +27,7 @@ from app.tui.app import create_app
 from tests.helpers import free_port, sim_profile_text, tunedash
 from tests.helpers import pilot_until as until
 from tests.integration.test_adopt_sim import HandStarted
-from tests.ui.test_app_flows import SIZE, event_texts, screen_text, state_of
+from tests.ui.ui_flows import SIZE, event_texts, screen_text, state_of
 from widgets import ConfirmModal
 
 pytestmark = pytest.mark.slow

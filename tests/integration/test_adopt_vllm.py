@@ -107,7 +107,7 @@ async def test_vllm_started_by_hand_is_adopted_asked_about_killed_and_relaunched
     from app.core.server import jobs
     from app.tui.app import create_app
     from tests.helpers import pilot_until as until
-    from tests.ui.test_app_flows import SIZE, event_texts, screen_text, state_of
+    from tests.ui.ui_flows import SIZE, event_texts, screen_text, state_of
     from widgets import ConfirmModal
 
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app.core.measure.store import HistoryStore
 from tests.fakes import live_group_members
 from tests.helpers import MakeProfile, tunedash
 
@@ -62,6 +63,8 @@ def test_the_loop_through_slurm(slurm_profile: MakeProfile, sim_state: Path, tmp
     killed = tunedash("kill", str(profile), "--confirm-free")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "GPU0 0 MiB, GPU1 0 MiB" in killed.stdout
+    last_step = json.loads((sim_state / "host" / "slurm" / "steps" / str(last["pid"])).read_text())["step"]
+    assert f"scancel --signal=TERM {last_step} (the server's step on" in killed.stdout  # what really happened
     assert live_group_members(last["pgid"]) == []
     assert not [name for name in _steps(job).values() if name.startswith("tunedash-")]  # no step left behind
     assert subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
@@ -76,3 +79,46 @@ def test_ab_refuses_a_launch_the_allocation_cannot_hold(slurm_profile: MakeProfi
                   "--launches", "1", "--trials", "1", *SMALL, timeout=120)
     assert ab.returncode != 0
     assert "the allocation on slurm:local ends in" in ab.stdout + ab.stderr and "[slurm] time" in ab.stdout + ab.stderr
+
+
+TUNE = """
+[bench]
+concurrency = 2
+requests = 4
+input_len = 16
+output_len = 16
+warmup = 1
+[tune]
+shapes = [{ concurrency = 1, requests = 2 }, { concurrency = 2, requests = 2 }]
+max_launches = 2
+[tune.flags]
+speculative-num-steps = [1, 3]
+"""
+
+
+def test_tune_stops_before_a_launch_the_allocation_cannot_hold_and_resumes_on_a_new_one(
+        slurm_profile: MakeProfile, sim_state: Path, own_history: Path) -> None:
+    """A one-minute allocation cannot hold a launch: tune stops before it, "stopped: allocation ending", the run
+    kept; `--resume ID` with a longer allocation (a new job) goes on and finishes it."""
+    profile = slurm_profile(slurm='time = "1"', extra=TUNE)
+    stopped = tunedash("tune", str(profile), timeout=120)
+    out = stopped.stdout + stopped.stderr
+    assert stopped.returncode != 0, out
+    assert "stopped: allocation ending. candidate " in out and "the allocation on slurm:local ends in" in out
+    assert "ready after" not in out  # no launch was started
+    run_id = int(out.split("--resume ")[1].split("`")[0])
+    with HistoryStore(own_history / "history.sqlite3") as store:
+        row = store.run(run_id)
+    assert row is not None and row.status == "stopped" and row.summary["resumable"] is True
+
+    first = (sim_state / "host" / "slurm" / "allocation").read_text().split()[0]
+    subprocess.run(["scancel", first], check=True)
+    profile.write_text(profile.read_text().replace('time = "1"', 'time = "30"'))
+    resumed = tunedash("tune", str(profile), "--resume", str(run_id), "--launches", "1", timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming run #{run_id}" in resumed.stdout
+    assert (sim_state / "host" / "slurm" / "allocation").read_text().split()[0] != first  # a new job
+    with HistoryStore(own_history / "history.sqlite3") as store:
+        row = store.run(run_id)
+    assert row is not None and row.status == "done"
+    assert [ln.outcome for ln in row.launches] == ["ready"] and len(row.trials) == 2  # one launch, both shapes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.core.profiles.types import Profile
 from app.tui.app import create_app
-from tests.ui.test_app_flows import SIZE, pending_of, until
+from tests.ui.ui_flows import SIZE, pending_of, until
 from widgets import FlagsPanel, GpuPanel
 from widgets.flags_panel import FlagRow
 

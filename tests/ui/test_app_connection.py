@@ -19,7 +19,7 @@ from app.sim.host_env import reset_state, sim_environment
 from app.tui.app import create_app
 from app.tui.views import NO_GPUS
 from tests.helpers import free_port
-from tests.ui.test_app_flows import SIZE, screen_text, shows, until
+from tests.ui.ui_flows import SIZE, screen_text, shows, until
 
 
 class FlakyHost(LocalHost):

@@ -26,7 +26,7 @@ from app.tui.app import TunedashApp, create_app
 from tests.helpers import until as until_true
 from tests.integration.sshd import Sshd
 from tests.integration.test_ssh_session import cmdlines_with
-from tests.ui.test_app_flows import SIZE, event_texts, pending_of, shows, state_of, until
+from tests.ui.ui_flows import SIZE, event_texts, pending_of, shows, state_of, until
 from widgets import ConfirmModal, GpuPanel
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")

@@ -28,7 +28,7 @@ from app.tui.app import TunedashApp, create_app
 from app.tui.bench import RunScreen
 from app.tui.value_prompt import ValuePrompt
 from tests.helpers import MakeProfile
-from tests.ui.test_app_flows import SIZE, screen_text, shows, until
+from tests.ui.ui_flows import SIZE, screen_text, shows, until
 from widgets import DiffScreen, FlagsPanel
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")

@@ -17,7 +17,7 @@ from app.core.profiles.loading import load_profile
 from app.core.profiles.types import Profile
 from app.tui.app import create_app
 from tests.helpers import MakeProfile
-from tests.ui.test_app_flows import screen_text, shows, until
+from tests.ui.ui_flows import screen_text, shows, until
 from widgets import EventEntry, EventLog, GpuPanel, HelpScreen, KeyFooter, ThroughputChart
 from widgets.gpu_panel import BAR_MIN_W, MemoryBar
 from widgets.key_footer import PALETTE_W, key_width

@@ -17,7 +17,7 @@ from app.core.server.driver import DriverLock
 from app.core.session import Session
 from app.tui.app import create_app
 from tests.helpers import MakeProfile
-from tests.ui.test_app_flows import SIZE, screen_text, until
+from tests.ui.ui_flows import SIZE, screen_text, until
 from widgets import ConfirmModal
 
 os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")

@@ -15,7 +15,7 @@ from app.core.profiles.types import Profile
 from app.tui.app import create_app
 from tests.helpers import MakeProfile
 from tests.helpers import pilot_until as until
-from tests.ui.test_app_flows import SIZE, event_texts, ready, shows, state_of
+from tests.ui.ui_flows import SIZE, event_texts, ready, shows, state_of
 
 pytestmark = pytest.mark.slow
 

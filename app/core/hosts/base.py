@@ -373,6 +373,16 @@ class Host(abc.ABC):
         """Seconds until the host's allocation ends; None when nothing ends it (no scheduler, no time limit)."""
         return None
 
+    async def signal_text(self, pgid: int, signal_name: str) -> str:
+        """What sending `signal_name` ("SIGTERM") to the launch whose process group is `pgid` does on this host,
+        in a few words for the event log and the kill confirmation (a Slurm host names its scancel)."""
+        return f"{signal_name} to group {pgid}"
+
+    def kill_text(self, pgid: int) -> str:
+        """The kill confirmation's sentence for the launch whose process group is `pgid`: what the kill sends
+        (no I/O: from what the host knows already; the dashboard asks in its key handler)."""
+        return f"SIGTERM to process group {pgid}, then SIGKILL after the grace period."
+
     @property
     def connection_listeners(self) -> int:
         """How many listeners `subscribe_connection` holds now (0 on a host without connection events)."""

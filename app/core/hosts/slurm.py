@@ -119,6 +119,7 @@ class SlurmHost(Host):
         self._notices: Listeners[tuple[str, EventLevel]] = Listeners(f"slurm {name} notices")
         self.allocate = True  # where() may ask for an allocation (False: attach to a recorded one only)
         self._warned: set[float] = set()
+        self._steps_read: dict[int, StepRecord] = {}  # pgid -> the StepRecord last read or written (kill_text)
 
     # ---- where: the allocation and its node ---------------------------------------------------------
     @property
@@ -378,6 +379,7 @@ class SlurmHost(Host):
         info = await self._node_stat(pid)
         record = StepRecord(step, node, pid, info.start_time if info else "", name)
         await self.login.write_text(self._step_file(pid), record.to_json())
+        self._steps_read[info.pgid if info else pid] = record
         await self.login.remove(marker)
         return SpawnedProcess(pid=pid, pgid=info.pgid if info else pid, start_time=record.start_time)
 
@@ -402,7 +404,12 @@ class SlurmHost(Host):
     async def step_record(self, pgid: int) -> StepRecord | None:
         """The StepRecord of the launch whose group is `pgid`, if tunedash recorded one."""
         text = await self.login.read_text(self._step_file(pgid))
-        return StepRecord.from_json(text) if text else None
+        record = StepRecord.from_json(text) if text else None
+        if record is None:
+            self._steps_read.pop(pgid, None)
+        else:
+            self._steps_read[pgid] = record
+        return record
 
     async def step_rows(self, steps: Sequence[str]) -> dict[str, tuple[str, str]]:
         """squeue's live rows of these steps (id -> (name, node)); HostError when slurmctld does not answer."""
@@ -440,6 +447,27 @@ class SlurmHost(Host):
         result = await self._slurm(["scancel", f"--signal={name}", step])
         if result.returncode != 0:
             raise HostError(f"{self.name}: scancel of step {step} failed: {result.stderr.strip()}")
+
+    async def signal_text(self, pgid: int, signal_name: str) -> str:
+        """`scancel --signal=TERM J.S` of the step recorded at launch: what a signal to that launch really does."""
+        try:
+            record = await self.step_record(pgid)
+        except HostError as exc:
+            return f"scancel --signal={signal_name.removeprefix('SIG')} of group {pgid}'s recorded step ({exc})"
+        if record is None:
+            return f"no step of tunedash is recorded for group {pgid} on {self.name}: nothing is signalled"
+        return (f"scancel --signal={signal_name.removeprefix('SIG')} {record.step} (the server's step on "
+                f"{record.node}, recorded at launch)")
+
+    def kill_text(self, pgid: int) -> str:
+        """The recorded step's scancel, from the StepRecord last read (no I/O: the dashboard asks in its handler)."""
+        record = self._steps_read.get(pgid)
+        if record is None:
+            return (f"scancel --signal=TERM of the step recorded at launch for group {pgid}, then --signal=KILL after "
+                    "the grace period; the allocation is kept.")
+        job = record.step.partition(".")[0]
+        return (f"scancel --signal=TERM {record.step} (the server's step on {record.node}, recorded at launch), "
+                f"then --signal=KILL after the grace period. The allocation (job {job}) is kept.")
 
     async def signal_proven_group(self, proof: LeaderProof, signal_number: int) -> bool:
         record = await self.step_record(proof.pgid)

@@ -32,6 +32,7 @@ from app.core.data import ServerState
 from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host
 from app.core.measure.acceptance import AcceptanceMeter
+from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.bench import BenchResult, BenchSpec, run_bench
 from app.core.measure.client import RequestResult
 from app.core.measure.http_probes import server_info
@@ -96,10 +97,14 @@ class ExperimentSpec:
     interleave: bool = True
     ready_timeout_s: float = 600.0
     launches: int = 2  # per arm
+    slots: int = 1  # 2: A and B side by side, crossed over the slots (app.core.measure.slot_ab)
 
     def launch_order(self) -> list[tuple[int, int]]:
-        """(arm, launch) in run order: A B B A A B ... when interleaved, else every launch of A, then of B."""
+        """(arm, launch) in run order: A B B A A B ... when interleaved, else every launch of A, then of B; on two
+        slots, round by round (A and B of one round run at the same time)."""
         n = len(self.arms)
+        if self.slots > 1:
+            return [(a, k) for k in range(self.launches) for a in range(n)]
         if not self.interleave:
             return [(a, k) for a in range(n) for k in range(self.launches)]
         order: list[tuple[int, int]] = []
@@ -113,8 +118,11 @@ class ExperimentSpec:
         return [Step(a, k, t) for a, k in self.launch_order() for t in range(self.trials)]
 
     def params_json(self) -> dict[str, Any]:
-        return {"trials": self.trials, "launches": self.launches, "interleave": self.interleave,
-                "bench": self.bench.to_json(), "metric": "output tok/s per trial", "unit": "launch"}
+        params: dict[str, Any] = {"trials": self.trials, "launches": self.launches, "interleave": self.interleave,
+                                  "bench": self.bench.to_json(), "metric": "output tok/s per trial", "unit": "launch"}
+        if self.slots > 1:
+            params.update(slots=self.slots, design="crossover")
+        return params
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class ArmOutcome:
     requests: int = 0
     output_tokens: int = 0
     phase_times: list[dict[str, float]] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # the slot of each launch (only on two slots)
 
     @property
     def stats(self) -> LaunchArmStats:
@@ -152,7 +161,8 @@ class ArmOutcome:
 
     def data(self) -> ArmData:
         return ArmData(self.label, self.overrides, self.values, self.accept, self.errors, self.requests,
-                       self.output_tokens, self.launches, list(self.energy))
+                       self.output_tokens, self.launches, list(self.energy),
+                       launch_slots=list(self.slots) if self.slots else None)
 
 
 @dataclass
@@ -163,6 +173,7 @@ class ExperimentResult:
     status: str
     arms: list[ArmOutcome]
     note: str = ""
+    slot_labels: list[str] = field(default_factory=list)  # on two slots: each slot's GPUs and port
 
     def ratio(self, arm: int = 1) -> RatioStats:
         """B/A from the launches (launch_ratio_stats)."""
@@ -178,14 +189,11 @@ class ExperimentResult:
 
     def report(self) -> ExperimentReport:
         """What was measured so far, typed (app.core.measure.results): for the screens and the text report."""
-        return experiment_report(self.status, [a.data() for a in self.arms], run_id=self.run_id, note=self.note)
+        return experiment_report(self.status, [a.data() for a in self.arms], run_id=self.run_id, note=self.note,
+                                 slot_labels=self.slot_labels)
 
     def to_json(self) -> dict[str, Any]:
         return self.report().to_json()
-
-
-FIT_MARGIN = 1.25  # a launch starts only when the allocation has this many times the longest launch so far left
-FIRST_LAUNCH_MIN_S = 60.0  # ... and at least this much before any launch of the run finished
 
 
 class ServerOwner(Protocol):
@@ -220,15 +228,31 @@ class Experiment:
         self.energy_for = energy_for  # None: trials carry no energy ("energy not measured")
         self.run_id: int | None = None
         self.result = ExperimentResult(None, "running", [ArmOutcome(a.label, a.overrides) for a in spec.arms])
-        self._meter: AcceptanceMeter | None = None
+        self._meters: dict[int, AcceptanceMeter] = {}  # id(owner) -> the meter of the trial running there
+
+    def _owners(self) -> list[ServerOwner]:
+        """Every owner the experiment relaunches (one; two on slots)."""
+        return [self.owner]
+
+    def _placed(self, arm_idx: int, launch_idx: int) -> tuple[ServerOwner, Profile, str]:
+        """Where an arm's launch runs: the owner, the profile it launches and a few words for the progress."""
+        return self.owner, self.spec.arms[arm_idx].profile, ""
+
+    def _launch_flags(self, arm_idx: int, launch_idx: int, profile: Profile) -> dict[str, Any]:
+        """The flags a launch row stores."""
+        return dict(profile.flags)
 
     def _emit(self, kind: str, text: str, **kw: Any) -> None:
         if self.on_progress is not None:
             self.on_progress(ExperimentProgress(kind, text, **kw))
 
-    def _on_lifecycle(self, event: LifecycleEvent) -> None:
-        if self._meter is not None and isinstance(event, ServerLogEvent):
-            self._meter.feed(event.event)
+    def _listener(self, owner: ServerOwner) -> Callable[[LifecycleEvent], None]:
+        def on_lifecycle(event: LifecycleEvent) -> None:
+            meter = self._meters.get(id(owner))
+            if meter is not None and isinstance(event, ServerLogEvent):
+                meter.feed(event.event)
+
+        return on_lifecycle
 
     async def run(self) -> ExperimentResult:
         spec = self.spec
@@ -240,7 +264,7 @@ class Experiment:
                 params=spec.params_json(),
                 arms=[(a.label, a.overrides, dict(a.profile.flags)) for a in spec.arms])
             self.result.run_id = self.run_id
-        unsubscribe = self.owner.subscribe(self._on_lifecycle)
+        unsubscribes = [owner.subscribe(self._listener(owner)) for owner in self._owners()]
         status, note = "failed", ""
         try:
             await self._run_schedule()
@@ -254,7 +278,8 @@ class Experiment:
             self._emit("failed", note)
             raise
         finally:
-            unsubscribe()
+            for unsubscribe in unsubscribes:
+                unsubscribe()
             self.result.status = status
             self.result.note = note
             report = self.result.report()  # the launch statistics once, for the store and the "done" line
@@ -274,53 +299,40 @@ class Experiment:
             if (step.arm, step.launch) != current:
                 if started is not None:
                     longest = max(longest, time.monotonic() - started)
-                await self._fits_in_allocation(step.arm, longest)
+                try:
+                    await check_fits(self.owner.host, longest, f"arm {self.spec.arms[step.arm].label}")
+                except AllocationEnding as ending:
+                    raise ExperimentFailed(str(ending), ending.reason) from None
                 started = time.monotonic()
                 await self._relaunch(step.arm, step.launch, done, len(order))
                 current = (step.arm, step.launch)
                 self.result.arms[step.arm].launches.append([])
             await self._trial(step, done, len(order))
 
-    async def _fits_in_allocation(self, arm_idx: int, longest_s: float) -> None:
-        """Refuse a launch the host's allocation (a Slurm job's time limit) would cut short: it needs
-        FIT_MARGIN x the longest launch of this run so far, and at least FIRST_LAUNCH_MIN_S before any launch
-        finished (docs/decisions.md#a-launch-must-fit-in-the-allocation). Hosts without an end pass at once."""
-        # getattr: owners in tests hand in duck-typed hosts with only http_base; every Host has time_left_s
-        time_left = getattr(self.owner.host, "time_left_s", None)
-        left = await time_left() if time_left is not None else None
-        if left is None:
-            return
-        need = max(FIRST_LAUNCH_MIN_S, FIT_MARGIN * longest_s)
-        if left < need:
-            raise ExperimentFailed(
-                f"arm {self.spec.arms[arm_idx].label}: the allocation on {self.owner.host.name} ends in {left:.0f} s, "
-                f"a launch needs about {need:.0f} s (the longest so far {longest_s:.0f} s x {FIT_MARGIN}); not "
-                "started, the finished launches are kept. Ask for a longer allocation ([slurm] time)",
-                Reason.START_FAILED)
-
     async def _relaunch(self, arm_idx: int, launch_idx: int, done: int, total: int) -> None:
         arm = self.spec.arms[arm_idx]
-        which = f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches}"
+        owner, profile, place = self._placed(arm_idx, launch_idx)
+        which = f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches}{place}"
         self._emit("relaunch", f"{which}: relaunch with {arm.overrides or 'the profile as is'}",
                    arm=arm_idx, launch=launch_idx, trials_done=done, trials_total=total)
         started = time.time()
         try:
-            state = await self.owner.relaunch(arm.profile, ready_timeout_s=self.spec.ready_timeout_s,
-                                              change=f"{which}: {arm.overrides or 'the profile as is'}")
+            state = await owner.relaunch(profile, ready_timeout_s=self.spec.ready_timeout_s,
+                                         change=f"{which}: {arm.overrides or 'the profile as is'}")
         except LaunchRefused as refused:
-            await self._record_launch(arm_idx, launch_idx, arm.profile, None, "refused")
+            await self._record_launch(arm_idx, launch_idx, profile, None, "refused")
             raise ExperimentFailed(f"arm {arm.label}: {refused}", refused.reason) from None
-        life = self.owner.view()
+        life = owner.view()
         times = life.phase_times
         if state != ServerState.READY:
-            await self._record_launch(arm_idx, launch_idx, arm.profile, None, state.value.lower())
+            await self._record_launch(arm_idx, launch_idx, profile, None, state.value.lower())
             raise ExperimentFailed(
                 f"arm {arm.label} ({arm.overrides}): the server did not become ready (state {state.value}"
                 f"{'' if state != ServerState.CRASHED else ': ' + life.crash_detail()}); see the log "
                 f"{life.record.log_path if life.record else ''}".rstrip(), Reason.START_FAILED)
-        url = await self.owner.host.http_base(arm.profile.port)
-        info = await server_info(url, arm.profile.backend)
-        await self._record_launch(arm_idx, launch_idx, arm.profile, info, "ready", times)
+        url = await owner.host.http_base(profile.port)
+        info = await server_info(url, profile.backend)
+        await self._record_launch(arm_idx, launch_idx, profile, info, "ready", times)
         self.result.arms[arm_idx].phase_times.append(times)
         self._emit("ready", f"{which}: ready after {time.time() - started:.1f} s", arm=arm_idx,
                    launch=launch_idx, trials_done=done, trials_total=total)
@@ -328,7 +340,7 @@ class Experiment:
             self._emit("warmup", f"{which}: {self.spec.bench.warmup} warm-up requests (not counted)",
                        arm=arm_idx, launch=launch_idx, trials_done=done, trials_total=total)
             warm = replace(self.spec.bench, requests=self.spec.bench.warmup, warmup=0)
-            await run_bench(url, arm.profile.model, warm)
+            await run_bench(url, profile.model, warm)
 
     async def _record_launch(self, arm_idx: int, launch_idx: int, profile: Profile, info: dict[str, Any] | None,
                              outcome: str, times: dict[str, float] | None = None) -> None:
@@ -339,19 +351,21 @@ class Experiment:
             server_flags = {k: v for k, v in info.items() if not isinstance(v, (dict, list)) or k == "speculative"}
         await self.store.in_thread(
             self.store.add_launch, run_id=self.run_id, arm_idx=arm_idx, profile=profile.name, host=profile.host,
-            argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
+            argv=launch_argv(profile), flags=self._launch_flags(arm_idx, launch_idx, profile),
+            server_flags=server_flags,
             phase_times=times or {}, outcome=outcome, launch_idx=launch_idx)
 
     async def _trial(self, step: Step, done: int, total: int) -> None:
         arm_idx, launch_idx, trial_idx = step
         arm = self.spec.arms[arm_idx]
-        where = (f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches} trial {trial_idx + 1}/"
+        owner, profile, place = self._placed(arm_idx, launch_idx)
+        where = (f"arm {arm.label} launch {launch_idx + 1}/{self.spec.launches}{place} trial {trial_idx + 1}/"
                  f"{self.spec.trials}")
         bench = replace(self.spec.bench, warmup=0)
-        url = await self.owner.host.http_base(arm.profile.port)
-        meter = AcceptanceMeter(arm.profile.backend, url)
+        url = await owner.host.http_base(profile.port)
+        meter = AcceptanceMeter(profile.backend, url)
         await meter.start()
-        self._meter = meter
+        self._meters[id(owner)] = meter
         finished = 0
 
         def on_result(_i: int, _r: RequestResult) -> None:
@@ -362,10 +376,10 @@ class Experiment:
                        requests_done=finished, requests_total=bench.requests)
 
         try:
-            energy = self.energy_for(arm.profile) if self.energy_for is not None else None
-            result: BenchResult = await run_bench(url, arm.profile.model, bench, on_result=on_result, energy=energy)
+            energy = self.energy_for(profile) if self.energy_for is not None else None
+            result: BenchResult = await run_bench(url, profile.model, bench, on_result=on_result, energy=energy)
         finally:
-            self._meter = None
+            self._meters.pop(id(owner), None)
         accept, source = await meter.stop(result.summary.accept_len)
         summary = result.summary
         summary_json = summary.to_json()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.data import FlagChange
+from app.core.measure.crossover import SLOT_KEY, stored_slot
 from app.core.measure.results import ArmData, ArmEnergy, ExperimentReport, TrialEnergy, energy_of, experiment_report
 from app.core.measure.store import LaunchRow, RunRow
 from app.core.profiles.render import flag_diff
@@ -59,10 +60,33 @@ def run_report(run: RunRow) -> RunReport:
         tokens = sum(int(t.summary.get("output_tokens") or 0) for t in trials)
         energy = [TrialEnergy.of(t.launch_idx, t.summary) for t in trials]
         arms.append(ArmData(arm.label, arm.overrides, run.values(arm.idx), accept, errors, requests, tokens,
-                            run.trials_by_launch(arm.idx), energy))
-    report = experiment_report(run.status, arms, run_id=run.id, note=run.note or "")
+                            run.trials_by_launch(arm.idx), energy, launch_slots=_launch_slots(run, arm.idx)))
+    report = experiment_report(run.status, arms, run_id=run.id, note=run.note or "", slot_labels=_slot_labels(run))
     summary = run.trials[0].summary if run.kind == "bench" and run.trials else None
     return RunReport(run, report, tuple(config_diff(run)), summary)
+
+
+def _ready_launches(run: RunRow, arm_idx: int | None = None) -> list[LaunchRow]:
+    return sorted((ln for ln in run.launches if ln.outcome == "ready" and (arm_idx is None or ln.arm_idx == arm_idx)),
+                  key=lambda ln: (ln.arm_idx or 0, ln.launch_idx))
+
+
+def _launch_slots(run: RunRow, arm_idx: int) -> list[int] | None:
+    """The slot of each of an arm's launches (`ab --slots 2`, app.core.measure.crossover.stored_slot), or None."""
+    measured = {t.launch_idx for t in run.trials if t.arm_idx == arm_idx and t.value is not None}
+    slots = [stored_slot(ln.flags) for ln in _ready_launches(run, arm_idx) if ln.launch_idx in measured]
+    return [s for s in slots if s is not None] if slots and all(s is not None for s in slots) else None
+
+
+def _slot_labels(run: RunRow) -> list[str]:
+    labels: dict[int, str] = {}
+    for ln in _ready_launches(run):
+        slot = ln.flags.get(SLOT_KEY)
+        index = stored_slot(ln.flags)
+        if index is not None and isinstance(slot, dict):
+            gpus = ",".join(str(g) for g in slot.get("gpus") or [])
+            labels.setdefault(index, f"slot {index} (GPUs {gpus}, port {slot.get('port')})")
+    return [labels[i] for i in sorted(labels)]
 
 
 def run_json(run: RunRow) -> dict[str, Any]:
@@ -147,6 +171,12 @@ def launch_lines(report: ExperimentReport) -> list[str]:
         elif energy is not None:
             line += f"; energy not measured ({energy.missing})"
         out.append(line)
+    cross = report.crossover
+    if cross is not None:
+        on = "; ".join(f"{arm.label} on slots {' '.join(map(str, slots))}"
+                       for arm, slots in zip(report.arms, cross.launch_slots, strict=False))
+        naive = f"; B/A without the slot removed {cross.naive_ratio:.3f}" if cross.naive_ratio is not None else ""
+        out.append(f"crossover on {', '.join(cross.slots) or 'two slots'}: {on}{naive}")
     return out
 
 
@@ -202,6 +232,13 @@ def run_markdown(run: RunRow) -> str:
                  "by the pooled t interval on log launch means (df = both arms' launches - 2); per-arm intervals by "
                  "Student's t on the launch means")
         order = " Launches interleaved (A B B A ...)." if run.params.get("interleave") else ""
+        if run.params.get("design") == "crossover":
+            stats = ("the launch is the unit: one value per launch (the mean of its trials); log launch means fitted "
+                     "with arm and slot as factors, B/A with the slot effect removed and the slot effect (slot 1 / "
+                     "slot 0, the A/A across slots), each with its t interval (df = both arms' launches - 3); "
+                     "per-arm intervals by Student's t on the launch means")
+            order = (" A and B ran at the same time on two slots (sharing the host's CPU), crossed over: round r "
+                     "A on slot r % 2, B on the other.")
     else:  # a run from before launches were the unit: one launch per arm
         design = f"{run.params.get('trials', 1)} trial(s) per arm of {bench.get('requests')} requests"
         stats = "one launch per arm: no launch-level interval"

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.measure.crossover import CrossoverStats, SlotLaunch, crossover_stats, crossover_verdict
 from app.core.measure.stats import energy_clause, launch_arm_stats, launch_ratio_stats, launch_verdict
 
 METRIC = "output tok/s per trial"
@@ -76,6 +77,7 @@ class ArmData:
     output_tokens: int
     launches: list[list[float]] | None = None
     energy: list[TrialEnergy] | None = None
+    launch_slots: list[int] | None = None  # the slot of each launch (ab --slots 2), parallel to `launches`
 
     @property
     def by_launch(self) -> list[list[float]]:
@@ -175,6 +177,7 @@ class ExperimentReport:
     arms: tuple[ArmResult, ...]
     comparisons: tuple[Comparison, ...] = ()
     note: str = ""
+    crossover: Crossover | None = None  # A and B on two slots (ab --slots 2)
 
     @property
     def verdict(self) -> str | None:
@@ -193,9 +196,34 @@ class ExperimentReport:
             first = comparisons[0]
             data.update(ratio=first["ratio"], ratio_ci=first["ratio_ci"], verdict=first["verdict"],
                         comparisons=comparisons)
+        if self.crossover is not None:
+            data["crossover"] = self.crossover.to_json()
         if self.note:
             data["note"] = self.note
         return data
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """A and B on two slots (app.core.measure.crossover): the slots, each arm's launch slots, the slot effect
+    (slot 1 / slot 0) with its interval (the A/A across slots) and B/A with the slot removed, as reported."""
+
+    slots: tuple[str, ...]
+    launch_slots: tuple[tuple[int, ...], ...]
+    slot_ratio: float | None
+    slot_ci: tuple[float, float] | None
+    slot_significant: bool
+    ratio: float | None
+    ratio_ci: tuple[float, float] | None
+    naive_ratio: float | None
+    df: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"slots": list(self.slots), "launch_slots": [list(s) for s in self.launch_slots],
+                "slot_ratio": self.slot_ratio, "slot_ci": None if self.slot_ci is None else list(self.slot_ci),
+                "slot_significant": self.slot_significant, "ratio": self.ratio,
+                "ratio_ci": None if self.ratio_ci is None else list(self.ratio_ci), "naive_ratio": self.naive_ratio,
+                "df": self.df}
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
@@ -272,12 +300,35 @@ def arm_result(arm: ArmData) -> ArmResult:
         requests=arm.requests, output_tokens=arm.output_tokens, energy=arm_energy(arm))
 
 
+def _slot_launches(arm: ArmData) -> list[SlotLaunch]:
+    slots = arm.launch_slots or []
+    return [SlotLaunch(slot, vals) for slot, vals in zip(slots, arm.by_launch, strict=False) if vals]
+
+
+def crossover_of(first: ArmData, other: ArmData) -> CrossoverStats | None:
+    """The crossover statistics of two arms that ran on two slots; None when they did not."""
+    if not first.launch_slots or not other.launch_slots:
+        return None
+    return crossover_stats(_slot_launches(first), _slot_launches(other))
+
+
 def _comparison(first: ArmData, other: ArmData, ea: ArmEnergy | None, eb: ArmEnergy | None) -> Comparison:
     r = launch_ratio_stats(first.by_launch, other.by_launch)
     energy_ratio = None
     if ea and eb and ea.measured and eb.measured:
         energy_ratio = launch_ratio_stats([[v] for v in ea.launch_j_per_token], [[v] for v in eb.launch_j_per_token])
     speed = launch_verdict(first.by_launch, other.by_launch, a_name=first.label, b_name=other.label)
+    cross = crossover_of(first, other)
+    if cross is not None:  # on two slots: B/A with the slot removed, and the slot effect, in the verdict
+        speed = crossover_verdict(cross, a_name=first.label, b_name=other.label)
+        energy_text = _energy_text(first, other, ea, eb)
+        return Comparison(
+            arm=other.label, ratio=_round(cross.ratio, 4), ratio_ci=_interval(cross.ratio_ci, 4),
+            df=float(cross.df) if cross.ratio_ci is not None else None, significant=cross.significant,
+            energy_ratio=None if energy_ratio is None else _round(energy_ratio.ratio, 4),
+            energy_ratio_ci=None if energy_ratio is None else _interval(energy_ratio.ci95, 4),
+            speed_verdict=speed, energy_verdict=energy_text,
+            verdict=f"{speed}{', and ' if energy_text.startswith('uses') else '; '}{energy_text}")
     energy_text = _energy_text(first, other, ea, eb)
     return Comparison(
         arm=other.label, ratio=_round(r.ratio, 4), ratio_ci=_interval(r.ci95, 4), df=r.df, significant=r.significant,
@@ -287,8 +338,19 @@ def _comparison(first: ArmData, other: ArmData, ea: ArmEnergy | None, eb: ArmEne
         verdict=f"{speed}{', and ' if energy_text.startswith('uses') else '; '}{energy_text}")
 
 
+def _crossover(arms: list[ArmData], slot_labels: Sequence[str]) -> Crossover | None:
+    if len(arms) != 2:
+        return None
+    cross = crossover_of(arms[0], arms[1])
+    if cross is None:
+        return None
+    return Crossover(tuple(slot_labels), tuple(tuple(a.launch_slots or ()) for a in arms),
+                     _round(cross.slot_ratio, 4), _interval(cross.slot_ci, 4), cross.slot_significant,
+                     _round(cross.ratio, 4), _interval(cross.ratio_ci, 4), _round(cross.naive_ratio, 4), cross.df)
+
+
 def experiment_report(status: str, arms: Sequence[ArmData], *, run_id: int | None = None,
-                      note: str = "") -> ExperimentReport:
+                      note: str = "", slot_labels: Sequence[str] = ()) -> ExperimentReport:
     """Per arm its launches x trials, launch means, mean and 95% interval from the launches, both spreads and
     energy; per arm after the first, B/A from the launches and the verdict. Used for a live result and for a
     stored run alike."""
@@ -296,7 +358,7 @@ def experiment_report(status: str, arms: Sequence[ArmData], *, run_id: int | Non
     results = tuple(arm_result(arm) for arm in items)
     comparisons = tuple(_comparison(items[0], other, results[0].energy, results[i].energy)
                         for i, other in enumerate(items[1:], start=1)) if len(items) > 1 else ()
-    return ExperimentReport(run_id, status, results, comparisons, note)
+    return ExperimentReport(run_id, status, results, comparisons, note, _crossover(items, slot_labels))
 
 
 def result_json(status: str, arms: Sequence[ArmData], *, run_id: int | None = None, note: str = "") -> dict[str, Any]:

@@ -205,16 +205,23 @@ async def wait_group_gone(host: Host, record: jobs.JobRecord, timeout_s: float) 
     return not await jobs.job_alive(host, record)
 
 
+async def _signal_text(host: Host, record: jobs.JobRecord, signal_name: str) -> str:
+    """The event log's words for a signal to the job's group: the host's (a Slurm host names its scancel)."""
+    if record.pgid is None:
+        return f"{signal_name}: no process group recorded"
+    return await host.signal_text(record.pgid, signal_name)
+
+
 async def terminate_group(
     host: Host, record: jobs.JobRecord, grace_s: float, say: Callable[[str, EventLevel], None]
 ) -> None:
     """SIGTERM the job's group, wait `grace_s`, SIGKILL what is left; `say` logs each step and any survivor."""
     signalled = await jobs.signal_job(host, record, signal.SIGTERM)
-    say(f"SIGTERM to group {record.pgid} ({len(signalled)} processes)", "info")
+    say(f"{await _signal_text(host, record, 'SIGTERM')} ({len(signalled)} processes)", "info")
     if await wait_group_gone(host, record, grace_s):
         return
     left = await jobs.signal_job(host, record, signal.SIGKILL)
-    say(f"SIGKILL to group {record.pgid} after {grace_s:.0f} s grace ({len(left)} left)", "warning")
+    say(f"{await _signal_text(host, record, 'SIGKILL')} after {grace_s:.0f} s grace ({len(left)} left)", "warning")
     if not await wait_group_gone(host, record, SIGKILL_WAIT_S):
         remaining = await jobs.job_members(host, record)
         names = ", ".join(f"{p.pid} {p.name} ({p.state})" for p in remaining)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.data import ServerState
+from app.core.measure.allocation import AllocationEnding, check_fits
 from app.core.measure.bench import run_bench
 from app.core.measure.experiment import EnergyFor, ServerOwner
 from app.core.measure.http_probes import server_info
@@ -215,6 +216,11 @@ class TuneRunner:
             note = str(exc)
             self._emit("failed", note)
             raise
+        except AllocationEnding as ending:  # kept and resumable on a new allocation
+            status, note = "stopped", (f"stopped: allocation ending. {ending}; `tunedash tune {self.spec.profile.name}"
+                                       f" --resume {self.run_id}` on a new allocation goes on")
+            self._emit("failed", note)
+            raise TuneFailed(note, ending.reason) from None
         finally:
             self.status, self.note = status, note
             if self.store is not None and self.run_id is not None:
@@ -353,6 +359,7 @@ class TuneRunner:
         number = self.state.spent() + 1 if number is None else number
         on = f" on slot {slot.index}" if at is not None else ""
         which = f"launch {number}/{spec.max_launches}{on}: {c.label} (its launch {k + 1})"
+        await check_fits(owner.host, max(self._launch_walls, default=0.0), f"candidate {c.label}{on}")
         self._emit("launch", which + (f" [GPUs {','.join(map(str, slot.gpus))}, port {slot.port}]" if on else ""),
                    slot=where)
         started = time.monotonic()
