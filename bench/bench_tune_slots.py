@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -64,7 +65,14 @@ def profile_text(state: Path, port: int, launches: int) -> str:
     return "\n".join(out) + "\n" + TUNE.format(launches=launches)
 
 
-def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, str | None], int]:
+def _verdict(board: dict[str, Any]) -> str:
+    """A shape's answer: the leader (separated, or tied with others) or who is ahead without separation."""
+    if board["leader"]:
+        return str(board["leader"]) + (f" (tied with {len(board['tied']) - 1})" if board["tied"] else " (separated)")
+    return f"{board['front']} (ahead, not separated)"
+
+
+def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, str], int]:
     """(wall s, shape -> winner, launches spent) of one `tune --slots N` on a fresh sim host and history."""
     with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
         root = Path(tmp)
@@ -82,8 +90,10 @@ def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, str | No
         if done.returncode != 0:
             raise SystemExit(f"tune --slots {slots} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         data = json.loads(done.stdout)
-        winners = {s["shape"]: s["leader"] or s["front"] for s in data["shapes"]}
-        return wall, winners, int(data["launches"]["spent"]) if "launches" in data else -1
+        winners = {s["shape"]: _verdict(s) for s in data["shapes"]}
+        if "slots" in data:
+            winners["slots A/A"] = data["slots"]["aa"]
+        return wall, winners, int(data["launches"]["spent"])
 
 
 def main() -> None:
@@ -97,13 +107,13 @@ def main() -> None:
     agree = 0
     for rep in range(args.reps):
         order = (1, 4) if rep % 2 == 0 else (4, 1)
-        got: dict[int, dict[str, str | None]] = {}
+        got: dict[int, dict[str, str]] = {}
         for slots in order:
             wall, winners, spent = one(slots, args.launches, args.port)
             walls[slots].append(wall)
             got[slots] = winners
             print(f"rep {rep + 1} --slots {slots}: {wall:.1f} s, {spent} launches, winners {winners}", flush=True)
-        same = got[1] == got[4]
+        same = all(got[1][k] == got[4][k] for k in got[1])
         agree += same
         print(f"rep {rep + 1}: winners per shape {'agree' if same else 'differ'}", flush=True)
     m1, m4 = statistics.median(walls[1]), statistics.median(walls[4])

@@ -42,6 +42,7 @@ from app.core.measure.store import HistoryStore, StoreError
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
 from app.core.server import jobs
+from app.core.server.driver import DrivenElsewhere
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.energy import energy_meter_for
 from app.core.telemetry.smi import telemetry_for
@@ -226,7 +227,11 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
         lifecycles.append(lifecycle_for(slot_profile(spec.profile, slot), host, quiet))
     for each in lifecycles:
         each.server_flags = found
-        await drive(each, args, "tune")  # one driver lock per slot (its own profile name)
+        try:
+            await drive(each, args, "tune")  # one driver lock per slot (its own profile name)
+        except DrivenElsewhere as exc:  # the hint names the command to run: the profile's, not the slot's name
+            raise DrivenElsewhere(str(exc).replace(f"tunedash tune {each.profile.name} ",
+                                                   f"tunedash tune {profile.name} ")) from None
     pairs = list(zip(slots, lifecycles, strict=True)) if slots else None
     runner = TuneRunner(spec, lifecycle, store, resume=resume, on_progress=_printer(args.json),
                         energy_for=lambda p: energy_meter_for(host, p), slots=pairs)

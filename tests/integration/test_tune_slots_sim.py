@@ -230,8 +230,10 @@ def test_a_slotted_tune_killed_mid_run_resumes_without_repeating_a_launch(host8:
                        == shapes}
     trials_before = sorted((t.arm_idx, t.launch_idx, t.trial_idx, t.value) for t in before.trials)
     assert len(complete_before) >= 1 and all(ln.slot is not None for ln in before.launches)
+    # --take-over: the SIGKILLed CLI's driver locks (one per slot) are stale only 5 s after its last heartbeat
     again = subprocess.run([sys.executable, "-m", "app", "tune", str(profile), "--slots", "2", "--resume",
-                            str(run.id)], capture_output=True, text=True, timeout=300, cwd=REPO, env=_env(data))
+                            str(run.id), "--take-over"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                           env=_env(data))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"resuming run #{run.id}" in again.stdout
     with HistoryStore(data / "history.sqlite3") as store:
