@@ -100,9 +100,10 @@ def plan_slots(profile: Profile, n: int, host_gpus: Sequence[int], busy: Mapping
             run = []
     if len(slots) < n:
         busy_text = ("; busy: " + "; ".join(f"GPU{g}: {who}" for g, who in sorted(busy.items()))) if busy else ""
+        fix = "free the busy GPUs" if busy else "run it on a host with more GPUs"
         raise SlotError(f"{where}: --slots {n} needs {n} sets of {width} adjacent free GPUs; {len(slots)} fit on this "
                         f"host (GPUs {', '.join(map(str, on_host))}{busy_text}). Ask for --slots {len(slots)} or "
-                        "free the busy GPUs")
+                        f"{fix}")
     if slots[-1].port > MAX_PORT:
         raise SlotError(f"{where}: slot {slots[-1].index} would listen on port {slots[-1].port}, past {MAX_PORT}: "
                         "give the profile a lower `port`")
