@@ -8,11 +8,13 @@ state (read-only, a command in progress, no ready server), so the footer dims th
 and on_key says why when one is pressed anyway.
 
 Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, GpuMessage,
-ThroughputMessage, posted by the Session's listeners): the event log takes each new line, the footer asks
+ThroughputMessage, posted by the Session's listeners; they do not bubble: the screen handles them, the App never
+sees them, so each costs one dispatch, not two): the event log takes each new line, the footer asks
 check_action again when the state or the command changes (`gates`, a reactive), the GPU panel takes each new
-sample as its `snapshot` and the chart each new point (both throttle themselves and keep their own clock). What
-only the clock moves (the server panel's times, the header's connection age, the chart's figures line) is
-recomputed by a 2 Hz tick into reactives that redraw only on change (docs/decisions.md#ui-push-rate).
+sample as its `snapshot` and the chart each new point (both are shown on the screen's clock). The 2 Hz tick shows
+the GPU panel's newest sample; what only the clock moves (the server panel's times, the header's connection age,
+the chart's figures line and replot) moves in whole seconds, so it is recomputed, into reactives that redraw only
+on change, on the tick that starts a new second (docs/decisions.md#ui-push-rate).
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class DashboardCommand:
     action: str  # a Textual action string, e.g. "relaunch" or "press_toggle('s')"
 
 
-class SessionMessage(Message):
+class SessionMessage(Message, bubble=False):
     """A Session event (an event log line, a state change, a connection change), delivered on the app's loop, with
     the GPU snapshot the Session held when it happened (frozen): a connection's loss is shown over the last sample
     from before it, even when the error's own snapshot has replaced it by the time the message is handled."""
@@ -135,7 +137,7 @@ class SessionMessage(Message):
         self.snapshot = snapshot
 
 
-class CommandMessage(Message):
+class CommandMessage(Message, bubble=False):
     """The command slot changed: a command began, said how far it is, or ended (None)."""
 
     def __init__(self, command: CommandView | None) -> None:
@@ -143,7 +145,7 @@ class CommandMessage(Message):
         self.command = command
 
 
-class GpuMessage(Message):
+class GpuMessage(Message, bubble=False):
     """A newer GPU sample (the Session's GpuSampled). A queued one is replaced by the next (toolong's can_replace):
     a slow screen shows the newest sample, never a backlog."""
 
@@ -155,7 +157,7 @@ class GpuMessage(Message):
         return isinstance(message, GpuMessage)
 
 
-class ThroughputMessage(Message):
+class ThroughputMessage(Message, bubble=False):
     """The Session's throughput series or markers grew (ThroughputAdded); queued ones collapse into one."""
 
     def can_replace(self, message: Message) -> bool:
@@ -219,7 +221,7 @@ class DashboardScreen(Screen[None]):
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._unsubscribe: list[object] = []
-        self._chart_second = -1  # the wall-clock second of the last tick that could replot the chart
+        self._second = -1  # the wall-clock second of the last whole tick (the chart's replot, the ages)
 
     # ---- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -249,7 +251,7 @@ class DashboardScreen(Screen[None]):
         if session.snapshot is not None:
             self.query_one(GpuPanel).snapshot = session.snapshot
         self._follow_throughput()
-        self.set_interval(UI_PERIOD_S, self.refresh_view)
+        self.set_interval(UI_PERIOD_S, self._tick)
         self._read_page_cache()
         self.set_interval(PAGE_CACHE_PERIOD_S, self._read_page_cache)
         self.refresh_bindings()
@@ -348,24 +350,32 @@ class DashboardScreen(Screen[None]):
         self.refresh_bindings()
 
     # ---- pushing the clock-driven state to widgets -------------------------------------------------
-    def refresh_view(self) -> None:
-        """Push the Session's newest state to the widgets (the 2 Hz tick, and after a key)."""
+    def _tick(self) -> None:
+        """The 2 Hz clock: the GPU panel's newest sample (or its rows' ages) on every tick; the rest, whose
+        figures move in whole seconds (the server panel's ages, the chart's window and replot, the header's
+        connection age), only on the tick that starts a new wall-clock second (docs/decisions.md#ui-push-rate)."""
+        self.refresh_view(whole=int(time.time()) != self._second)
+
+    def refresh_view(self, whole: bool = True) -> None:
+        """Push the Session's newest state to the widgets (the tick, and everything at once after a key)."""
         try:
-            self._refresh_view()
+            self._refresh_view(whole)
         except (NoMatches, ScreenStackError):
             pass  # a tick while the app shuts down, after the dashboard's widgets (or screens) are gone
 
-    def _refresh_view(self) -> None:
+    def _refresh_view(self, whole: bool) -> None:
         """Recompute what the clock moves into the widgets' reactives, which redraw only when a value differs from
         the last: the server panel's view (its times), the flags panel's rows, the chart's figures line (its 30 s
         window moves), the header. The GPU panel and the chart's series come as messages, not from here."""
         if not self.is_current:
             self._feed_log_screen()
             return
-        session = self.session
-        now_wall = time.time()
         with self.app.batch_update():  # one screen update for the tick's changes, the widgets' own ticks included
             self.query_one(GpuPanel).tick()  # the newest sample it was sent, else its rows' ages
+            if not whole:
+                return
+            session = self.session
+            now_wall = time.time()
             life = session.view()
             # on whole wall-clock seconds: the panel's ages change together, once a second (format_duration)
             self._push_server(life, int(now_wall))
@@ -373,12 +383,11 @@ class DashboardScreen(Screen[None]):
             chart = self.query_one(ThroughputChart)
             chart.figures = (latest_figures(session.throughput, now_wall, since=life.since)
                              if life.state == ServerState.READY else "")
-            # a replot (with the figures) at most every CHART_PERIOD_S, when it was sent new points, and only on
-            # the tick that starts a new wall-clock second: the server panel's ages change on that tick too, so
-            # both land in one screen update (docs/decisions.md#ui-push-rate)
+            # a replot (with the figures) at most once a wall-clock second, when it was sent new points: the
+            # server panel's ages change on that tick too, so both land in one screen update
             second = int(now_wall)
-            if second != self._chart_second:
-                self._chart_second = second
+            if second != self._second:
+                self._second = second
                 chart.flush()
             self._push_header(now_wall)
 
