@@ -7,12 +7,12 @@ starts a command goes through the Session's one command slot (app.core.command);
 state (read-only, a command in progress, no ready server), so the footer dims them and the palette leaves them out,
 and on_key says why when one is pressed anyway.
 
-Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, GpuMessage,
-ThroughputMessage, posted by the Session's listeners; they do not bubble: the screen handles them, the App never
-sees them, so each costs one dispatch, not two): the event log takes each new line, the footer asks
-check_action again when the state or the command changes (`gates`, a reactive), the GPU panel takes each new
-sample as its `snapshot` and the chart each new point (both are shown on the screen's clock). The 2 Hz tick shows
-the GPU panel's newest sample; what only the clock moves (the server panel's times, the header's connection age,
+Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, ThroughputMessage,
+posted by the Session's listeners; they do not bubble: the screen handles them, the App never sees them, so each
+costs one dispatch, not two): the event log takes each new line, the footer asks check_action again when the state
+or the command changes (`gates`, a reactive), the chart takes each new point. A GPU sample (GpuSampled, 4 Hz) is
+drawn only at the 2 Hz tick, so the listener leaves the newest in a one-slot mailbox and the tick hands it to the
+GPU panel's `snapshot`. What only the clock moves (the server panel's times, the header's connection age,
 the chart's figures line and replot) moves in whole seconds, so it is recomputed, into reactives that redraw only
 on change, on the tick that starts a new second (docs/decisions.md#ui-push-rate).
 """
@@ -145,18 +145,6 @@ class CommandMessage(Message, bubble=False):
         self.command = command
 
 
-class GpuMessage(Message, bubble=False):
-    """A newer GPU sample (the Session's GpuSampled). A queued one is replaced by the next (toolong's can_replace):
-    a slow screen shows the newest sample, never a backlog."""
-
-    def __init__(self, snapshot: GpuSnapshot) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, GpuMessage)
-
-
 class ThroughputMessage(Message, bubble=False):
     """The Session's throughput series or markers grew (ThroughputAdded); queued ones collapse into one."""
 
@@ -165,7 +153,7 @@ class ThroughputMessage(Message, bubble=False):
 
 
 POSTED = (ActionLogged, StateChanged, ConnectionChanged)
-"""The Session events the screen hears as SessionMessages (GpuSampled and ThroughputAdded have their own)."""
+"""The Session events the screen hears as SessionMessages (ThroughputAdded has its own; GpuSampled its mailbox)."""
 
 
 class DashboardScreen(Screen[None]):
@@ -221,6 +209,7 @@ class DashboardScreen(Screen[None]):
         self._log_screen: LogViewScreen | None = None
         self._log_shown = 0
         self._unsubscribe: list[object] = []
+        self._gpu_newest: GpuSnapshot | None = None  # the newest GpuSampled's snapshot, until the tick shows it
         self._second = -1  # the wall-clock second of the last whole tick (the chart's replot, the ages)
 
     # ---- layout ----------------------------------------------------------------------------------
@@ -283,7 +272,10 @@ class DashboardScreen(Screen[None]):
     def _on_session_event(self, event: LifecycleEvent) -> None:
         """The Session's listener: called inside the core's code, so it only posts (never touches a widget)."""
         if isinstance(event, GpuSampled):
-            self.post_message(GpuMessage(event.snapshot))
+            # the panel draws a sample only at the tick, so the newest waits in a one-slot mailbox the tick empties
+            # (a message per sample, 4 Hz, was dispatched twice as often as the panel draws: measured in
+            # docs/decisions.md#ui-push-rate); a plain attribute set, on the app's loop, touching no widget
+            self._gpu_newest = event.snapshot
         elif isinstance(event, ThroughputAdded):
             self.post_message(ThroughputMessage())
         elif isinstance(event, POSTED):
@@ -308,9 +300,6 @@ class DashboardScreen(Screen[None]):
     def on_command_message(self, message: CommandMessage) -> None:
         self._push_header()
         self._gate()
-
-    def on_gpu_message(self, message: GpuMessage) -> None:
-        self.query_one(GpuPanel).snapshot = message.snapshot
 
     def on_throughput_message(self, message: ThroughputMessage) -> None:
         self._follow_throughput()
@@ -371,7 +360,10 @@ class DashboardScreen(Screen[None]):
             self._feed_log_screen()
             return
         with self.app.batch_update():  # one screen update for the tick's changes, the widgets' own ticks included
-            self.query_one(GpuPanel).tick()  # the newest sample it was sent, else its rows' ages
+            panel = self.query_one(GpuPanel)
+            if self._gpu_newest is not None:  # the newest GpuSampled since the last tick
+                panel.snapshot, self._gpu_newest = self._gpu_newest, None
+            panel.tick()  # that sample, else its rows' ages
             if not whole:
                 return
             session = self.session
