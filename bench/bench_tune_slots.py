@@ -4,7 +4,7 @@ The profile: profiles/demo-8gpu.toml (8 simulated H200s at TP 2 = 4 slots, GPUs 
 [tune] table written into a temp dir: speculative steps 1, 2 and 4 (draft tokens follow the steps) at two request
 shapes whose true best is clear in the sim's speed model (app/sim/speed_model.toml): 1 stream at a short context,
 where 4 steps lead 2 steps by ~18%, and 32 streams at an 8K context, where 1 step leads 2 steps by ~12% (8.4
-against 7.4); a fixed budget of --launches (default 12: 4 per candidate). Each repetition runs both arms, in
+against 7.5); a fixed budget of --launches (default 12: 4 per candidate). Each repetition runs both arms, in
 alternating order, each on a fresh simulated host and history; every server is killed after each run.
 
 The true speeds come from the sim itself: each candidate's command line goes through the sim's own flag parser and
@@ -171,6 +171,7 @@ def main() -> None:
               + f" tok/s per stream; best {best} steps", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     walls: dict[int, list[float]] = {1: [], 4: []}
+    per_launch: dict[int, list[float]] = {1: [], 4: []}
     right = {1: 0, 4: 0}
     separated = {1: 0, 4: 0}
     agree = 0
@@ -180,6 +181,7 @@ def main() -> None:
         for slots in order:
             wall, data, spent = one(slots, args.launches, args.port)
             walls[slots].append(wall)
+            per_launch[slots].append(wall / max(spent, 1))
             got[slots] = answers(data, truth)
             right[slots] += sum(a["true_best"] for a in got[slots].values())
             separated[slots] += sum(a["separated"] for a in got[slots].values())
@@ -194,6 +196,9 @@ def main() -> None:
     m1, m4 = statistics.median(walls[1]), statistics.median(walls[4])
     n = args.reps * len(SHAPES)
     print(f"median wall: --slots 1 {m1:.1f} s, --slots 4 {m4:.1f} s; ratio {m4 / m1:.2f}x (goal <= 0.35x)")
+    p1, p4 = statistics.median(per_launch[1]), statistics.median(per_launch[4])
+    print(f"median wall per launch spent: --slots 1 {p1:.1f} s, --slots 4 {p4:.1f} s; ratio {p4 / p1:.2f}x "
+          "(the arms may stop after different launch counts)")
     print(f"true best per shape: --slots 1 {right[1]}/{n}, --slots 4 {right[4]}/{n}; separated: --slots 1 "
           f"{separated[1]}/{n}, --slots 4 {separated[4]}/{n}; same answers in {agree}/{args.reps} reps")
     print(f"load average after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
