@@ -1,13 +1,19 @@
 """Issue 21 item 5 on the real simulator: `tunedash tune --slots 4` against `--slots 1`, the same space, same run.
 
-The profile: profiles/demo-8gpu.toml (8 simulated H200s at TP 2 = 4 slots, GPUs 6-7 4% slower) with a [tune]
-table of 8 candidates (speculative steps 1-4 x single-batch overlap `o` sched/off), two request shapes (1 and 4
-streams, a few short requests each: the launch's startup and release dominate, as on a real host, where a launch
-costs ~46 s of weights and graphs) and a fixed budget of --launches (default 16: a two-launch grid). Each
-repetition runs both, in alternating order, each on a fresh simulated host and history; every server is killed
-after each run. Printed: each run's wall time, the medians, the ratio slots-4 / slots-1 (the goal: <= 0.35x), and
-whether the two agree on the winner per shape (the leader, else the front: who is ahead); also the machine's
-load average before and after (the CPU is shared: the sim's servers are Python processes).
+The profile: profiles/demo-8gpu.toml (8 simulated H200s at TP 2 = 4 slots, GPUs 6-7 4% slower) with a bench-only
+[tune] table written into a temp dir: speculative steps 1, 2 and 4 (draft tokens follow the steps) at two request
+shapes whose true best is clear in the sim's speed model (app/sim/speed_model.toml): 1 stream at a short context,
+where 4 steps lead 2 steps by ~18%, and 32 streams at an 8K context, where 1 step leads 2 steps by ~12% (8.4
+against 7.5); a fixed budget of --launches (default 12: 4 per candidate). Each repetition runs both arms, in
+alternating order, each on a fresh simulated host and history; every server is killed after each run.
+
+The true speeds come from the sim itself: each candidate's command line goes through the sim's own flag parser and
+resolver (app.sim.server_args) into app.sim.speed.SpeedModel.mean_stream_tok_s at the shape's concurrency and mean
+context (input + output / 2), launch noise off. Printed per arm per rep: the winner per shape (the leader, else the
+front), whether it is the true best (within 2% of the best true speed), whether the board separated it; per rep
+"same answers" = at every shape both arms picked the same winner or both are within 2% of the true best; then the
+median wall times and the ratio slots-4 / slots-1 (the goal: <= 0.35x), and the machine's load average before and
+after (the CPU is shared: the sim's servers are Python processes).
 
     .venv/bin/python bench/bench_tune_slots.py --reps 3
 """
@@ -17,34 +23,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.sim.server_args import load_models, parse, resolve  # noqa: E402
+from app.sim.sglang import speed_config  # noqa: E402
+from app.sim.speed import SpeedModel, load_params  # noqa: E402
+from app.sim.versions import current_version  # noqa: E402
 from tests.helpers import kill_launched  # noqa: E402  (the sim's own clean-up: every job record's group)
+
+TOLERANCE = 0.02  # "the true best" = within 2% of the best true speed at the shape
+H200_MIB = 143771  # app/sim/gpu_models.py
+STEPS = (1, 2, 4)
+SHAPES = ({"concurrency": 1, "input_len": 256, "output_len": 64, "requests": 2},
+          {"concurrency": 32, "input_len": 8000, "output_len": 32, "requests": 32})
 
 TUNE = """
 [bench]
-concurrency = 4
-requests = 4
-input_len = 32
-output_len = 32
+concurrency = 1
+requests = 2
+input_len = 256
+output_len = 64
 warmup = 0
 [tune]
-shapes = [{{ concurrency = 1, requests = 2 }}, {{ concurrency = 4, requests = 4 }}]
+shapes = [{shapes}]
 max_launches = {launches}
 advisor_seeds = false
 [tune.flags]
-speculative-num-steps = [1, 2, 3, 4]
-[tune.toggles]
-o = ["sched", "off"]
+speculative-num-steps = [{steps}]
 """
 
 
@@ -62,18 +78,67 @@ def profile_text(state: Path, port: int, launches: int) -> str:
         elif line.startswith("[bench]"):
             break
         out.append(line)
-    return "\n".join(out) + "\n" + TUNE.format(launches=launches)
+    shapes = ", ".join("{ " + ", ".join(f"{k} = {v}" for k, v in sh.items()) + " }" for sh in SHAPES)
+    return "\n".join(out) + "\n" + TUNE.format(launches=launches, shapes=shapes,
+                                               steps=", ".join(str(x) for x in STEPS))
 
 
-def _verdict(board: dict[str, Any]) -> str:
-    """A shape's answer: the leader (separated, or tied with others) or who is ahead without separation."""
-    if board["leader"]:
-        return str(board["leader"]) + (f" (tied with {len(board['tied']) - 1})" if board["tied"] else " (separated)")
-    return f"{board['front']} (ahead, not separated)"
+def _argv(steps: int) -> list[str]:
+    """The sim server's command line for the profile's flags with `steps` speculative steps (draft = steps + 1)."""
+    flags = dict(tomllib.loads((REPO / "profiles" / "demo-8gpu.toml").read_text())["flags"])
+    flags["speculative-num-steps"] = steps
+    flags["speculative-num-draft-tokens"] = steps + 1
+    argv = ["--model-path", "sim/qwen3.6-27b"]
+    for k, v in flags.items():
+        if v is True:
+            argv.append(f"--{k}")
+        elif v is not False:
+            argv += [f"--{k}", str(v)]
+    return argv
 
 
-def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, str], int]:
-    """(wall s, shape -> winner, launches spent) of one `tune --slots N` on a fresh sim host and history."""
+def true_speeds() -> dict[str, dict[int, float]]:
+    """Shape (keyed by its concurrency) -> steps -> the sim's true output tok/s per stream, launch noise off."""
+    version = current_version()
+    model = load_models()["sim/qwen3.6-27b"]
+    params = {**load_params(), "launch_sigma": 0.0}
+    out: dict[str, dict[int, float]] = {}
+    for sh in SHAPES:
+        ctx = sh["input_len"] + sh["output_len"] / 2
+        out[str(sh["concurrency"])] = {
+            k: SpeedModel(speed_config(resolve(parse(_argv(k), version), model, H200_MIB, version), model), params,
+                          seed=0).mean_stream_tok_s(sh["concurrency"], ctx) for k in STEPS}
+    return out
+
+
+def _steps_of(overrides: str) -> int:
+    """A candidate's speculative steps from its overrides text (the profile's 1 when it overrides none)."""
+    m = re.search(r"speculative-num-steps\D*(\d+)", overrides)
+    return int(m.group(1)) if m else 1
+
+
+def answers(data: dict[str, Any], truth: dict[str, dict[int, float]]) -> dict[str, dict[str, Any]]:
+    """Per shape (keyed by concurrency): the winner (leader, else front), its steps, whether it is the true best
+    (within 2%), whether the board separated it (a leader not tied), and the board's verdict words."""
+    steps = {c["label"]: _steps_of(str(c["overrides"])) for c in data["candidates"]}
+    out: dict[str, dict[str, Any]] = {}
+    for b in data["shapes"]:
+        key = str(b["concurrency"])
+        winner = b["leader"] or b["front"]
+        speeds = truth[key]
+        k = steps.get(winner, 1)
+        out[key] = {"winner": winner, "steps": k, "true_best": speeds[k] >= (1 - TOLERANCE) * max(speeds.values()),
+                    "separated": bool(b["leader"]) and not b["tied"]}
+    return out
+
+
+def same_answers(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> bool:
+    """Both arms pick the same winner, or both a true best, at every shape."""
+    return all(a[k]["steps"] == b[k]["steps"] or (a[k]["true_best"] and b[k]["true_best"]) for k in a)
+
+
+def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, Any], int]:
+    """(wall s, the tune's JSON, launches spent) of one `tune --slots N` on a fresh sim host and history."""
     with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
         root = Path(tmp)
         state = root / "sim"
@@ -90,35 +155,52 @@ def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, str], in
         if done.returncode != 0:
             raise SystemExit(f"tune --slots {slots} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         data = json.loads(done.stdout)
-        winners = {s["shape"]: _verdict(s) for s in data["shapes"]}
-        if "slots" in data:
-            winners["slots A/A"] = data["slots"]["aa"]
-        return wall, winners, int(data["launches"]["spent"])
+        return wall, data, int(data["launches"]["spent"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--launches", type=int, default=16)
+    ap.add_argument("--launches", type=int, default=12)
     ap.add_argument("--port", type=int, default=34100)
     args = ap.parse_args()
+    truth = true_speeds()
+    for key, speeds in truth.items():
+        best = max(speeds, key=speeds.__getitem__)
+        print(f"true speeds at concurrency {key}: " + ", ".join(f"{k} steps {v:.1f}" for k, v in speeds.items())
+              + f" tok/s per stream; best {best} steps", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     walls: dict[int, list[float]] = {1: [], 4: []}
+    per_launch: dict[int, list[float]] = {1: [], 4: []}
+    right = {1: 0, 4: 0}
+    separated = {1: 0, 4: 0}
     agree = 0
     for rep in range(args.reps):
         order = (1, 4) if rep % 2 == 0 else (4, 1)
-        got: dict[int, dict[str, str]] = {}
+        got: dict[int, dict[str, dict[str, Any]]] = {}
         for slots in order:
-            wall, winners, spent = one(slots, args.launches, args.port)
+            wall, data, spent = one(slots, args.launches, args.port)
             walls[slots].append(wall)
-            got[slots] = winners
-            print(f"rep {rep + 1} --slots {slots}: {wall:.1f} s, {spent} launches, winners {winners}", flush=True)
-        same = all(got[1][k] == got[4][k] for k in got[1])
+            per_launch[slots].append(wall / max(spent, 1))
+            got[slots] = answers(data, truth)
+            right[slots] += sum(a["true_best"] for a in got[slots].values())
+            separated[slots] += sum(a["separated"] for a in got[slots].values())
+            words = "; ".join(f"c{k}: {a['winner']} ({a['steps']} steps, "
+                              f"{'true best' if a['true_best'] else 'NOT the true best'}, "
+                              f"{'separated' if a['separated'] else 'not separated'})" for k, a in got[slots].items())
+            aa = f"; slots A/A: {data['slots']['aa']}" if "slots" in data else ""
+            print(f"rep {rep + 1} --slots {slots}: {wall:.1f} s, {spent} launches; {words}{aa}", flush=True)
+        same = same_answers(got[1], got[4])
         agree += same
-        print(f"rep {rep + 1}: winners per shape {'agree' if same else 'differ'}", flush=True)
+        print(f"rep {rep + 1}: same answers: {'yes' if same else 'NO'}", flush=True)
     m1, m4 = statistics.median(walls[1]), statistics.median(walls[4])
-    print(f"median wall: --slots 1 {m1:.1f} s, --slots 4 {m4:.1f} s; ratio {m4 / m1:.2f}x (goal <= 0.35x); "
-          f"winners agree in {agree}/{args.reps} reps")
+    n = args.reps * len(SHAPES)
+    print(f"median wall: --slots 1 {m1:.1f} s, --slots 4 {m4:.1f} s; ratio {m4 / m1:.2f}x (goal <= 0.35x)")
+    p1, p4 = statistics.median(per_launch[1]), statistics.median(per_launch[4])
+    print(f"median wall per launch spent: --slots 1 {p1:.1f} s, --slots 4 {p4:.1f} s; ratio {p4 / p1:.2f}x "
+          "(the arms may stop after different launch counts)")
+    print(f"true best per shape: --slots 1 {right[1]}/{n}, --slots 4 {right[4]}/{n}; separated: --slots 1 "
+          f"{separated[1]}/{n}, --slots 4 {separated[4]}/{n}; same answers in {agree}/{args.reps} reps")
     print(f"load average after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 

@@ -172,3 +172,28 @@ def test_assignment_is_deterministic() -> None:
     assert first == pick_slot_assignment(["d", "a", "b", "c"], [3, 1, 0, 2], history, {"c"})
     assert first == pick_slot_assignment(["d", "a", "b", "c"], [0, 1, 2, 3], history, {"c"})
     assert sorted(s for _, s in first) == [0, 1, 2, 3] and len({c for c, _ in first}) == 4
+
+
+def test_slots_differ_flag_is_simultaneous_over_the_slots_hand_computed() -> None:
+    # The 2 x 2 case of the first test: a on slots 0/1 at log ratio ra, b at rb; d = (ra + rb)/2, u = |rb - ra|/4,
+    # df 1, and each slot's |t| = (|d|/2)/u = |ra + rb| / |rb - ra|. The flag uses t(1 - 0.05/(2*2), 1) = 25.45
+    # (Bonferroni over the 2 slots, df = 4 launches - 2 blocks - 1), not t(0.975, 1) = 12.71: |t| = 19 is no claim,
+    # |t| = 39 is one.
+    assert t_quantile(0.975, 1) < 19 < t_quantile(1 - 0.05 / 4, 1) < 39
+
+    def two_by_two(ra: float, rb: float) -> list[Obs]:
+        return [Obs("a", "s", 0, (100.0,), 0), Obs("a", "s", 1, (100.0 * math.exp(ra),), 1),
+                Obs("b", "s", 0, (200.0,), 0), Obs("b", "s", 1, (200.0 * math.exp(rb),), 1)]
+
+    inside = estimate_slot_effects(two_by_two(-0.040, -0.036))
+    assert inside is not None and inside.residual_df == 1 and not inside.significant
+    lo, hi = inside.effects[1].ci or (0.0, 0.0)
+    half = t_quantile(1 - 0.05 / 4, 1) * 0.001  # u = 0.004 / 4
+    assert (lo, hi) == pytest.approx((math.exp(-0.019 - half), math.exp(-0.019 + half)), rel=1e-9)
+    assert lo < 1.0 < hi
+    outside = estimate_slot_effects(two_by_two(-0.040, -0.038))
+    assert outside is not None and outside.significant
+    half = t_quantile(1 - 0.05 / 4, 1) * 0.0005  # u = 0.002 / 4, e1 = d/2 = -0.0195
+    assert outside.effects[1].ci == pytest.approx((math.exp(-0.0195 - half), math.exp(-0.0195 + half)), rel=1e-9)
+    assert outside.aa_text.startswith("slots differ: slot ")  # slot 0 1.9% faster or slot 1 1.9% slower: a tie
+    assert "1.9%" in outside.aa_text and outside.aa_text.endswith("simultaneous over 2 slots); 2 of 2 slots differ")
