@@ -7,7 +7,8 @@ connection): nothing measured is repeated. At the end the server runs the winner
 shape, or the starting config with `--restore`; the last line says which. `--slots N` runs up to N candidates at
 once on disjoint GPU sets of the host (app.core.measure.slots: slot 0 the profile's own GPUs and port, the others
 on free GPUs no one else holds, each with its own port, job record and driver lock); at the end the other slots'
-servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. Exit codes
+servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. On a `slurm:` profile a
+slot is an allocation of its own (`_plan_slurm`; `--grant-deadline S`), given back at the end. Exit codes
 (app.cli.common): 2 bad input (slots that do not fit included), 4 the host refused a launch, 130 cancelled (the run
 is kept and resumable).
 """
@@ -98,11 +99,12 @@ async def _plan(host: Host, profile: Profile, n: int) -> list[Slot]:
 
 async def _plan_slurm(host: SlurmHost, profile: Profile, n: int, deadline_s: float,
                       *, asked: bool = True) -> tuple[list[Slot], list[Host], list[str]]:
-    """The `--slots n` plan on a slurm: profile: a slot is an allocation (docs/architecture.md#tune---slots-n-over-
-    several-allocations). Slot 0 is the profile's host; slots 1.. are SlurmHosts of the same request, each asking
-    for its own allocation, all at once, each granted within `deadline_s` (salloc --immediate) or left out with a
-    note. Every slot uses the profile's GPU indices (its allocation's own) on port + i. Slots granted are numbered
-    0.. in order (the runner's slots are contiguous). `asked` False (--dry-run): the plan only, nothing asked."""
+    """The `--slots n` plan on a slurm: profile, where a slot is an allocation
+    (docs/architecture.md#tune---slots-n-over-several-allocations-built). Slot 0 is the profile's host; slots 1..
+    are SlurmHosts of the same request, each asking for its own allocation, all at once, each granted within
+    `deadline_s` (salloc --immediate) or left out with a note. Each slot runs on port + i, on its allocation's GRES
+    IDX when the profile names node-wide indices, else on the profile's. Slots granted are numbered 0.. in order
+    (the runner's slots are contiguous). `asked` False (--dry-run): the plan only, nothing asked."""
     if not profile.gpus:
         raise SlotError(f"profile {profile.name} names no GPUs (`gpus = [...]`): each slot's server runs on them")
     if profile.port + n - 1 > MAX_PORT:

@@ -2,7 +2,7 @@
 slot 0 is the job the profile attaches to (one GPU), slot 1 asks for its own allocation and gets the node's other
 GPU, slot 2 is not granted within its deadline (no GPU left) and is left out with a note while the run goes on.
 A candidate runs on each granted slot at once; at the end slot 1's allocation is given back and the attached job
-stays (docs/architecture.md#tune---slots-n-over-several-allocations)."""
+stays (docs/architecture.md#tune---slots-n-over-several-allocations-built)."""
 
 from __future__ import annotations
 

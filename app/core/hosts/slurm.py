@@ -151,7 +151,7 @@ class SlurmHost(Host):
     def for_slot(self, index: int, immediate_s: int, gpus: int) -> SlurmHost:
         """Slot `index`'s own host (`tune --slots N` over several allocations): the same request, its own
         allocation (`<state>/slurm/allocation@slotINDEX`, `salloc -J tunedash@slotINDEX --immediate=S`), sharing
-        this host's login host and files. docs/architecture.md#tune---slots-n-over-several-allocations."""
+        this host's login host and files. docs/architecture.md#tune---slots-n-over-several-allocations-built."""
         return SlurmHost(f"{self.name}@slot{index}", self.request.for_slot(index, immediate_s, gpus), login=self.login,
                          extra_env=self._extra_env, poll_s=self.poll_s, slot=index, owns_login=False)
 
