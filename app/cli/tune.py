@@ -113,13 +113,13 @@ async def _plan_slurm(host: SlurmHost, profile: Profile, n: int, deadline_s: flo
     wanted = [host.for_slot(i, max(1, round(deadline_s)), len(profile.gpus)) for i in range(1, n)]
     if not asked:
         return [Slot(i, tuple(profile.gpus), profile.port + i) for i in range(n)], [], []
-    granted = await asyncio.gather(host.where(), *(each.where() for each in wanted), return_exceptions=True)
-    if isinstance(granted[0], BaseException):
+    try:  # slot 0 first: asked beside the others, it could lose the node's GPUs to them and wait in the queue
+        await host.where()
+    except TunedashError as exc:
         for each in wanted:
-            await _give_back(each)
-        if isinstance(granted[0], TunedashError):
-            raise SlotError(f"slot 0: {granted[0]}") from None
-        raise granted[0]
+            await each.close()
+        raise SlotError(f"slot 0: {exc}") from None
+    granted = await asyncio.gather(*(each.where() for each in wanted), return_exceptions=True)
     slots = [Slot(0, tuple(profile.gpus), profile.port)]
     hosts: list[Host] = []
     notes: list[str] = []
@@ -127,7 +127,7 @@ async def _plan_slurm(host: SlurmHost, profile: Profile, n: int, deadline_s: flo
     # every allocation on a node sees all its GPUs): then each slot runs on its allocation's IDX, else on the
     # profile's (a confined allocation numbers its own GPUs from 0).
     node_wide = await host.gpu_indices() == tuple(profile.gpus)
-    for each, outcome in zip(wanted, granted[1:], strict=True):
+    for each, outcome in zip(wanted, granted, strict=True):
         if isinstance(outcome, BaseException):
             notes.append(f"slot {each.slot} left out: no allocation granted within {deadline_s:g} s ({outcome}); the "
                          "run goes on with the others")
