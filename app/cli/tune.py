@@ -7,7 +7,8 @@ connection): nothing measured is repeated. At the end the server runs the winner
 shape, or the starting config with `--restore`; the last line says which. `--slots N` runs up to N candidates at
 once on disjoint GPU sets of the host (app.core.measure.slots: slot 0 the profile's own GPUs and port, the others
 on free GPUs no one else holds, each with its own port, job record and driver lock); at the end the other slots'
-servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. Exit codes
+servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. On a `slurm:` profile a
+slot is an allocation of its own (`_plan_slurm`; `--grant-deadline S`), given back at the end. Exit codes
 (app.cli.common): 2 bad input (slots that do not fit included), 4 the host refused a launch, 130 cancelled (the run
 is kept and resumable).
 """
@@ -37,7 +38,8 @@ from app.core.advisor.advise import NothingRunning, advise
 from app.core.errors import TunedashError
 from app.core.flags.discovery import ServerFlags, discover_flags
 from app.core.hosts.base import Host
-from app.core.measure.slots import Slot, SlotError, busy_gpus, plan_slots, slot_profile
+from app.core.hosts.slurm import SlurmHost
+from app.core.measure.slots import MAX_PORT, Slot, SlotError, busy_gpus, plan_slots, slot_profile
 from app.core.measure.store import HistoryStore, StoreError
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
@@ -93,6 +95,79 @@ async def _plan(host: Host, profile: Profile, n: int) -> list[Slot]:
                         for i in range(n)] if r is not None]
     busy = await busy_gpus(host, snapshot, ours)
     return plan_slots(profile, n, [g.index for g in snapshot.gpus], busy)
+
+
+async def _plan_slurm(host: SlurmHost, profile: Profile, n: int, deadline_s: float,
+                      *, asked: bool = True) -> tuple[list[Slot], list[Host], list[str]]:
+    """The `--slots n` plan on a slurm: profile, where a slot is an allocation
+    (docs/architecture.md#tune---slots-n-over-several-allocations-built). Slot 0 is the profile's host; slots 1..
+    are SlurmHosts of the same request, each asking for its own allocation, all at once, each granted within
+    `deadline_s` (salloc --immediate) or left out with a note. Each slot runs on port + i, on its allocation's GRES
+    IDX when the profile names node-wide indices, else on the profile's. Slots granted are numbered 0.. in order
+    (the runner's slots are contiguous). `asked` False (--dry-run): the plan only, nothing asked."""
+    if not profile.gpus:
+        raise SlotError(f"profile {profile.name} names no GPUs (`gpus = [...]`): each slot's server runs on them")
+    if profile.port + n - 1 > MAX_PORT:
+        raise SlotError(f"profile {profile.name}: slot {n - 1} would listen on port {profile.port + n - 1}, past "
+                        f"{MAX_PORT}: give the profile a lower `port`")
+    wanted = [host.for_slot(i, max(1, round(deadline_s)), len(profile.gpus)) for i in range(1, n)]
+    if not asked:
+        return [Slot(i, tuple(profile.gpus), profile.port + i) for i in range(n)], [], []
+    try:  # slot 0 first: asked beside the others, it could lose the node's GPUs to them and wait in the queue
+        await host.where()
+    except TunedashError as exc:
+        for each in wanted:
+            await each.close()
+        raise SlotError(f"slot 0: {exc}") from None
+    granted = await asyncio.gather(*(each.where() for each in wanted), return_exceptions=True)
+    slots = [Slot(0, tuple(profile.gpus), profile.port)]
+    hosts: list[Host] = []
+    notes: list[str] = []
+    # The profile names node-wide GPU indices when they are slot 0's allocation's own IDX (no device confinement:
+    # every allocation on a node sees all its GPUs): then each slot runs on its allocation's IDX, else on the
+    # profile's (a confined allocation numbers its own GPUs from 0).
+    node_wide = await host.gpu_indices() == tuple(profile.gpus)
+    for each, outcome in zip(wanted, granted, strict=True):
+        if isinstance(outcome, BaseException):
+            notes.append(f"slot {each.slot} left out: no allocation granted within {deadline_s:g} s ({outcome}); the "
+                         "run goes on with the others")
+            await _give_back(each)
+            continue
+        index = len(slots)
+        gpus = (await each.gpu_indices() if node_wide else ()) or tuple(profile.gpus)
+        slots.append(Slot(index, gpus, profile.port + index))
+        hosts.append(each)
+        notes.append(f"slot {index}: job {outcome[0]} on {outcome[1]} (asked as tunedash@slot{each.slot})")
+    return slots, hosts, notes
+
+
+async def _give_back(host: SlurmHost) -> None:
+    """Close a slot's host that takes no part, giving back an allocation it may hold."""
+    try:
+        await host.release()
+    except TunedashError:
+        pass
+    finally:
+        await host.close()
+
+
+async def _release_slot_hosts(args: argparse.Namespace, hosts: list[Host]) -> None:
+    """At the end: give back each slot's allocation that tunedash asked for (`scancel J`; its server was killed
+    and its GPUs confirmed free before), and say so."""
+    for each in hosts:
+        if not isinstance(each, SlurmHost):
+            continue
+        job = each.job
+        try:
+            await each.release()
+        except TunedashError as exc:
+            line = f"{each.name}: the allocation was not given back: {exc}"
+        else:
+            line = f"{each.name}: allocation {job} given back (scancel {job})" if job is not None else ""
+        finally:
+            await each.close()
+        if line:
+            print(line, file=sys.stderr) if args.json else say(line)
 
 
 def _slots_json(profile: Profile, slots: list[Slot]) -> list[dict[str, Any]]:
@@ -211,20 +286,40 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
                         args.ready_timeout, args.restore)
     slots: list[Slot] | None = None
     slot_error = ""
+    slot_hosts: list[Host] = []  # a slurm: profile's slots 1.. each on its own allocation (_plan_slurm)
     if args.slots > 1:
         try:
-            slots = await _plan(host, spec.profile, args.slots)
+            if isinstance(host, SlurmHost):
+                slots, slot_hosts, left_out = await _plan_slurm(host, spec.profile, args.slots, args.grant_deadline,
+                                                                asked=not args.dry_run)
+                notes.extend(left_out)
+                if args.json and not args.dry_run:  # the notes are narration: stderr with --json
+                    for note in left_out:
+                        print(f"({note})", file=sys.stderr)
+            else:
+                slots = await _plan(host, spec.profile, args.slots)
         except SlotError as exc:
             if not args.dry_run:
                 raise CliError(str(exc)) from None
             slot_error = str(exc)
     if args.dry_run:
         return _dry_run(args, profile, space, spec, notes, slots, slot_error)
+    try:
+        return await _tune_on(args, profile, host, store, spec, space, found, resume, notes, slots, slot_hosts)
+    finally:
+        await _release_slot_hosts(args, slot_hosts)
+
+
+async def _tune_on(args: argparse.Namespace, profile: Profile, host: Host, store: HistoryStore, spec: TuneSpec,
+                   space: TuneSpace, found: ServerFlags, resume: Any, notes: list[str], slots: list[Slot] | None,
+                   slot_hosts: list[Host]) -> int:
     quiet = argparse.Namespace(**{**vars(args), "json": True})  # no narration
     lifecycle = lifecycle_for(spec.profile, host, quiet)
     lifecycles = [lifecycle]
-    for slot in (slots or [])[1:]:
-        lifecycles.append(lifecycle_for(slot_profile(spec.profile, slot), host, quiet))
+    for i, slot in enumerate((slots or [])[1:]):
+        lifecycles.append(lifecycle_for(slot_profile(spec.profile, slot), slot_hosts[i] if slot_hosts else host,
+                                        quiet))
+    hosts_by_name = {each.profile.name: each.host for each in lifecycles}
     for each in lifecycles:
         each.server_flags = found
         try:
@@ -234,7 +329,7 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
                                                    f"tunedash tune {profile.name} ")) from None
     pairs = list(zip(slots, lifecycles, strict=True)) if slots else None
     runner = TuneRunner(spec, lifecycle, store, resume=resume, on_progress=_printer(args.json),
-                        energy_for=lambda p: energy_meter_for(host, p), slots=pairs)
+                        energy_for=lambda p: energy_meter_for(hosts_by_name.get(p.name, host), p), slots=pairs)
     if not args.json:
         say(f"tune {profile.name} on {host.name}: {len(spec.candidates)} candidates x {len(spec.shapes)} shapes, "
             f"at most {spec.max_launches} launches" + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else "")
@@ -324,6 +419,9 @@ def register(sub: Any, with_overrides: Any) -> None:
     p.add_argument("--time-budget", type=float, metavar="S", help="stop starting launches after S seconds")
     p.add_argument("--slots", type=int, default=1, metavar="N",
                    help="run up to N candidates at once on disjoint GPU sets of the host (each its own port)")
+    p.add_argument("--grant-deadline", type=float, default=60.0, metavar="S",
+                   help="slurm: profiles: seconds each slot's own allocation may wait to be granted (salloc "
+                   "--immediate); one not granted by then is left out")
     p.add_argument("--restore", action="store_true", help="end on the starting config instead of the winner")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each launch")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for free GPUs between launches")

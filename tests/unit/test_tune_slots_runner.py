@@ -147,3 +147,35 @@ async def test_a_launch_refused_on_one_slot_stops_the_tune_as_tune_failed(fake_b
     with pytest.raises(TuneFailed, match="on slot 1: GPU 2 held"):
         await runner.run()
     assert runner.status == "failed"
+
+
+class EndingHost(Host):
+    """A slot's allocation with `left_s` seconds left (check_fits reads time_left_s)."""
+
+    def __init__(self, left_s: float) -> None:
+        self.left_s = left_s
+
+    async def time_left_s(self) -> float:
+        return self.left_s
+
+
+async def test_a_slot_whose_allocation_ends_takes_no_more_launches_and_the_others_go_on(
+        fake_bench: dict[str, Any]) -> None:
+    slots = _slots(fake_bench, 2)
+    slots[1][1].host = EndingHost(10.0)  # under FIRST_LAUNCH_MIN_S: slot 1 cannot hold a launch
+    runner = TuneRunner(_spec(4), slots[0][1], slots=slots)
+    await runner.run()
+    assert runner.status == "done"
+    assert {entry[0] for entry in fake_bench["profiles"]} == {0}  # every launch on slot 0
+    assert runner.state.spent() == 4  # the budget, all on slot 0 (and the winner relaunched there at the end)
+
+
+async def test_the_run_stops_allocation_ending_only_when_no_slot_can_hold_a_launch(
+        fake_bench: dict[str, Any]) -> None:
+    slots = _slots(fake_bench, 2)
+    for _, owner in slots:
+        owner.host = EndingHost(10.0)
+    runner = TuneRunner(_spec(4), slots[0][1], slots=slots)
+    with pytest.raises(TuneFailed, match="stopped: allocation ending"):
+        await runner.run()
+    assert runner.status == "stopped" and fake_bench["launches"] == 0

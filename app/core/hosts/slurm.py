@@ -58,6 +58,7 @@ from app.core.hosts.slurm_facts import (
     StepRecord,
     format_left,
     granted_job,
+    gres_gpu_indices,
     parse_job_line,
     parse_scontrol_job,
     parse_step_rows,
@@ -103,8 +104,12 @@ class SlurmHost(Host):
         login: Host,
         extra_env: Mapping[str, str] | None = None,
         poll_s: float = POLL_S,
+        slot: int = 0,
+        owns_login: bool = True,
     ) -> None:
         self.name = name
+        self.slot = slot  # a `tune --slots` slot's own allocation (0: the profile's)
+        self._owns_login = owns_login  # False: a slot's host sharing slot 0's login host (slot 0 closes it)
         self.request = request
         self.login = login
         self._extra_env = dict(extra_env or {})
@@ -128,8 +133,27 @@ class SlurmHost(Host):
         return self.login.state_dir
 
     @property
+    def job(self) -> int | None:
+        """The allocation's job id once where() found or asked for it (None before)."""
+        return self._job
+
+    async def gpu_indices(self) -> tuple[int, ...]:
+        """The node GPU indices Slurm gave the allocation (`scontrol show job -d J`, GRES ...(IDX:...)); ()
+        when it names none."""
+        job, _ = await self.where()
+        result = await self._slurm(["scontrol", "show", "job", "-d", str(job)])
+        return gres_gpu_indices(result.stdout) if result.returncode == 0 else ()
+
+    @property
     def allocation_file(self) -> str:
-        return f"{self.state_dir}/slurm/allocation"
+        return f"{self.state_dir}/slurm/allocation" + (f"@slot{self.slot}" if self.slot else "")
+
+    def for_slot(self, index: int, immediate_s: int, gpus: int) -> SlurmHost:
+        """Slot `index`'s own host (`tune --slots N` over several allocations): the same request, its own
+        allocation (`<state>/slurm/allocation@slotINDEX`, `salloc -J tunedash@slotINDEX --immediate=S`), sharing
+        this host's login host and files. docs/architecture.md#tune---slots-n-over-several-allocations-built."""
+        return SlurmHost(f"{self.name}@slot{index}", self.request.for_slot(index, immediate_s, gpus), login=self.login,
+                         extra_env=self._extra_env, poll_s=self.poll_s, slot=index, owns_login=False)
 
     async def where(self) -> tuple[int, str]:
         """The job id and node, allocating (salloc --no-shell) or attaching on first use; the watch starts then.
@@ -579,7 +603,8 @@ class SlurmHost(Host):
     async def close(self) -> None:
         self._closing = True
         await self._tasks.close()
-        await self.login.close()
+        if self._owns_login:
+            await self.login.close()
 
 
 def own_stderr(stderr: str) -> str:

@@ -145,3 +145,16 @@ def parse_step_rows(text: str) -> dict[str, tuple[str, str]]:
         if len(parts) == 3 and re.fullmatch(r"\d+\.\d+", parts[0]):
             rows[parts[0]] = (parts[1], parts[2])
     return rows
+
+
+def gres_gpu_indices(text: str) -> tuple[int, ...]:
+    """The node GPU indices of a job from `scontrol show job -d J` ("GRES=gpu:2(IDX:0-1)", "IDX:0,2"); () when
+    it shows none."""
+    found = re.search(r"GRES=\S*?gpu[^(\s]*\(IDX:([0-9,-]+)\)", text)
+    if found is None:
+        return ()
+    out: list[int] = []
+    for part in found.group(1).split(","):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return tuple(out)

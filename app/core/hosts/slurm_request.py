@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 SLURM_KEYS = ("job", "partition", "gpus", "time", "account", "salloc_args", "node")
@@ -42,10 +42,14 @@ class SlurmRequest:
     account: str = ""
     salloc_args: tuple[str, ...] = ()
     node: str = ""  # the node of the allocation to use (a multi-node job); "" = its first node
+    job_name: str = JOB_NAME  # `tunedash`, or `tunedash@sloti` for a `tune --slots` slot's own allocation
+    immediate_s: int = 0  # > 0: salloc --immediate=S (a slot's grant deadline; not granted by then = refused)
 
     def salloc_argv(self) -> list[str]:
         """The `salloc --no-shell` that asks for the allocation (argv list)."""
-        argv = ["salloc", "--no-shell", "-N1", "-J", JOB_NAME]
+        argv = ["salloc", "--no-shell", "-N1", "-J", self.job_name]
+        if self.immediate_s > 0:
+            argv.append(f"--immediate={self.immediate_s}")
         if self.partition:
             argv += ["-p", self.partition]
         if self.gpus:
@@ -55,6 +59,13 @@ class SlurmRequest:
         if self.account:
             argv += ["-A", self.account]
         return [*argv, *self.salloc_args]
+
+    def for_slot(self, index: int, immediate_s: int, gpus: int) -> SlurmRequest:
+        """Slot `index`'s own request (`tune --slots` over several allocations): the same request under the job
+        name `tunedash@slotINDEX` with a grant deadline; an attached job is slot 0's only, so never copied, and
+        a slot beside an attached job asks for `gpus` (as many as the profile uses)."""
+        return replace(self, job=None, job_name=f"{JOB_NAME}@slot{index}", immediate_s=immediate_s,
+                       gpus=self.gpus if self.job is None else gpus)
 
     def describe(self) -> str:
         """One line for messages: the job attached to, or the request."""

@@ -255,15 +255,23 @@ class TuneRunner:
         names = self.names()
         changed = asyncio.Event()
         free = [slot.index for slot, _ in self.slots]
+        ended: set[int] = set()  # slots whose own allocation cannot hold a launch any more (AllocationEnding)
 
         async def one(candidate: int, k: int, slot: int, number: int) -> None:
             try:
                 await self._launch(candidate, slot, k, number)
+            except AllocationEnding as ending:  # each slot's allocation ends on its own; the run only with the last
+                ended.add(slot)
+                if len(ended) == len(self.slots):
+                    raise
+                self._emit("slot", f"slot {slot} takes no more launches: {ending}; the other slots go on",
+                           slot=slot)
             finally:
                 self._in_flight.pop(slot, None)
                 self._reserved.get(candidate, set()).discard(k)
-                free.append(slot)
-                free.sort()
+                if slot not in ended:
+                    free.append(slot)
+                    free.sort()
                 changed.set()
 
         try:
