@@ -179,3 +179,43 @@ async def test_the_run_stops_allocation_ending_only_when_no_slot_can_hold_a_laun
     with pytest.raises(TuneFailed, match="stopped: allocation ending"):
         await runner.run()
     assert runner.status == "stopped" and fake_bench["launches"] == 0
+
+
+@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)])
+async def test_a_run_resumed_with_another_slot_count_blocks_every_launch_on_its_slot(
+        fake_bench: dict[str, Any], tmp_path: Path, first: int, then: int) -> None:
+    """A slotted run resumed with `--slots 1` stores its new launches as slot 0's (the profile's own GPUs and port),
+    and an unslotted run resumed with `--slots 2` reads its old launches back as slot 0's: no launch is left without
+    a slot beside slotted ones (the rule would take it as the average slot), live or recomputed from the store."""
+    from app.core.measure.store import HistoryStore
+    from app.core.tune.model import state_from_run
+    from app.core.tune.results import run_results, tune_results
+
+    with HistoryStore(tmp_path / "h.sqlite3") as store:
+        slots = _slots(fake_bench, first)
+        runner = TuneRunner(_spec(4), slots[0][1], store, slots=slots if first > 1 else None)
+        await runner.run()
+        assert runner.run_id is not None
+        run = store.run(runner.run_id)
+        assert run is not None
+        stored_first = [(ln.arm_idx, ln.launch_idx, ln.slot) for ln in run.launches]
+        assert all((s is None) == (first == 1) for *_, s in stored_first)
+        slots = _slots(fake_bench, then)
+        again = TuneRunner(_spec(8), slots[0][1], store, resume=run, slots=slots if then > 1 else None)
+        assert all(ln.slot is not None for ln in again.state.launches)  # the kept launches, slot 0 if unslotted
+        await again.run()
+        run = store.run(runner.run_id)
+        assert run is not None
+        new = [ln for ln in run.launches if (ln.arm_idx, ln.launch_idx, ln.slot) not in stored_first]
+        assert new and len(new) <= 4  # the race may settle before the budget
+        if then == 1:
+            assert all(ln.slot is not None and ln.slot["index"] == 0 and ln.slot["gpus"] == [0, 1]
+                       and ln.slot["port"] == 9000 for ln in new)
+        _, obs, _ = again.observations()
+        assert len({o.slot for o in obs}) == 2 and None not in {o.slot for o in obs}
+        live = again.decide()
+        assert live.slots is not None and {e.slot for e in live.slots.effects} == {0, 1}
+        read_back = {(ln.candidate, ln.launch): ln.slot for ln in state_from_run(run, 2).launches}
+        assert read_back == {(ln.candidate, ln.launch): ln.slot for ln in again.state.launches}
+        live_json = tune_results(again.spec, again.state, live, status="done", run_id=run.id).to_json()
+        assert run_results(run).to_json()["shapes"] == live_json["shapes"]  # the boards, recomputed the same

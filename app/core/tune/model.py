@@ -152,8 +152,11 @@ class TuneState:
 
 def state_from_run(run: RunRow, shapes: int) -> TuneState:
     """The launches of a stored tune run: complete ones and failed ones count; a ready launch without all its
-    shapes' trials is counted in `partial` and left out (its number stays used)."""
+    shapes' trials is counted in `partial` and left out (its number stays used). In a run whose launches ran on
+    slots (`--slots N`, resumed with another N), a launch stored without a slot ran on the profile's own GPUs and
+    port, which is slot 0, and reads back as slot 0, so the rule blocks on every launch alike."""
     state = TuneState()
+    slotted = any(ln.slot is not None for ln in run.launches if ln.arm_idx is not None)
     trials: dict[tuple[int, int], list[ShapeTrial]] = {}
     for t in run.trials:
         data = t.summary.get("tune") if isinstance(t.summary, dict) else None
@@ -167,6 +170,8 @@ def state_from_run(run: RunRow, shapes: int) -> TuneState:
         key = (ln.arm_idx, ln.launch_idx)
         slot = ln.slot.get("index") if ln.slot is not None else None
         slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
+        if slot is None and slotted:
+            slot = 0
         got = sorted({tr.shape: tr for tr in trials.get(key, [])}.values(), key=lambda tr: tr.shape)
         used[ln.arm_idx] = max(used.get(ln.arm_idx, -1), ln.launch_idx)
         if ln.outcome != "ready":

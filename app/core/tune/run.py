@@ -107,6 +107,11 @@ class TuneRunner:
         self.run_id: int | None = resume.id if resume is not None else None
         self.state = state_from_run(resume, len(spec.shapes)) if resume is not None else TuneState()
         self.resumed = resume is not None
+        # launches carry their slot when this run uses slots now or did before it was resumed with one: a launch
+        # on the profile's own GPUs is then slot 0's (state_from_run reads an unslotted one back so too)
+        self.slotted = self.parallel or any(ln.slot is not None for ln in self.state.launches)
+        if self.slotted:  # an unslotted run resumed on slots: its launches ran on slot 0's GPUs and port
+            self.state.launches = [ln if ln.slot is not None else replace(ln, slot=0) for ln in self.state.launches]
         self.status = "running"
         self.note = ""
         self.ended_on: str = ""  # what the server runs at the end, said by the CLI
@@ -361,8 +366,9 @@ class TuneRunner:
         c = spec.candidates[candidate]
         k = self.state.next_launch(candidate) if k is None else k
         slot, owner = self.slots[slot_index]
-        at = slot if self.parallel else None
-        where = None if at is None else at.index
+        at = slot if self.parallel else None  # launched as the slot (its name, GPUs, port)
+        kept = slot if self.slotted else None  # the slot stored with the launch (slot 0 of a resumed slotted run)
+        where = None if kept is None else kept.index
         profile = slot_profile(self._profile(candidate), slot) if at is not None else self._profile(candidate)
         number = self.state.spent() + 1 if number is None else number
         on = f" on slot {slot.index}" if at is not None else ""
@@ -374,13 +380,13 @@ class TuneRunner:
         try:
             state = await owner.relaunch(profile, ready_timeout_s=spec.ready_timeout_s, change=f"tune {which}")
         except LaunchRefused as refused:
-            await self._record_launch(candidate, k, profile, None, "refused", slot=at)
+            await self._record_launch(candidate, k, profile, None, "refused", slot=kept)
             raise TuneFailed(f"candidate {c.label}{on}: {refused}", refused.reason) from None
         self._running[slot.index] = candidate
         life = owner.view()
         if state != ServerState.READY:
             outcome = state.value.lower()
-            await self._record_launch(candidate, k, profile, None, outcome, slot=at)
+            await self._record_launch(candidate, k, profile, None, outcome, slot=kept)
             self.state.launches.append(LaunchDone(candidate, k, outcome, slot=where))
             detail = life.crash_detail() if state == ServerState.CRASHED else ""
             self._emit("ready", f"{which}: did not become ready (state {state.value}{': ' + detail if detail else ''})",
@@ -388,7 +394,7 @@ class TuneRunner:
             return
         url = await owner.host.http_base(profile.port)
         info = await server_info(url, profile.backend)
-        await self._record_launch(candidate, k, profile, info, "ready", life.phase_times, slot=at)
+        await self._record_launch(candidate, k, profile, info, "ready", life.phase_times, slot=kept)
         self._emit("ready", f"{which}: ready after {time.monotonic() - started:.1f} s", slot=where)
         if spec.profile.bench.warmup > 0:
             widest = max(spec.shapes, key=lambda s: s.concurrency)
