@@ -7,14 +7,15 @@ starts a command goes through the Session's one command slot (app.core.command);
 state (read-only, a command in progress, no ready server), so the footer dims them and the palette leaves them out,
 and on_key says why when one is pressed anyway.
 
-Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, ThroughputMessage,
-posted by the Session's listeners; they do not bubble: the screen handles them, the App never sees them, so each
-costs one dispatch, not two): the event log takes each new line, the footer asks check_action again when the state
-or the command changes (`gates`, a reactive), the chart takes each new point. A GPU sample (GpuSampled, 4 Hz) is
-drawn only at the 2 Hz tick, so the listener leaves the newest in a one-slot mailbox and the tick hands it to the
-GPU panel's `snapshot`. What only the clock moves (the server panel's times, the header's connection age,
-the chart's figures line and replot) moves in whole seconds, so it is recomputed, into reactives that redraw only
-on change, on the tick that starts a new second (docs/decisions.md#ui-push-rate).
+Core events reach the screen as messages on the app's loop (SessionMessage, CommandMessage, posted by the Session's
+listeners; they do not bubble: the screen handles them, the App never sees them, so each costs one dispatch, not
+two): the event log takes each new line, the footer asks check_action again when the state or the command changes
+(`gates`, a reactive). What is drawn only at the tick waits there without a message: a GPU sample (GpuSampled, 4 Hz,
+drawn at the 2 Hz tick) in a one-slot mailbox the tick hands to the GPU panel's `snapshot`, and a new throughput
+point or marker (ThroughputAdded) as a flag the tick that starts a second reads to let the chart follow the series
+before it replots. What only the clock moves (the server panel's times, the header's connection age, the chart's
+figures line and replot) moves in whole seconds, so it is recomputed, into reactives that redraw only on change, on
+the tick that starts a new second (docs/decisions.md#ui-push-rate).
 """
 
 from __future__ import annotations
@@ -145,15 +146,8 @@ class CommandMessage(Message, bubble=False):
         self.command = command
 
 
-class ThroughputMessage(Message, bubble=False):
-    """The Session's throughput series or markers grew (ThroughputAdded); queued ones collapse into one."""
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, ThroughputMessage)
-
-
 POSTED = (ActionLogged, StateChanged, ConnectionChanged)
-"""The Session events the screen hears as SessionMessages (ThroughputAdded has its own; GpuSampled its mailbox)."""
+"""The Session events the screen hears as SessionMessages (GpuSampled and ThroughputAdded wait for the tick)."""
 
 
 class DashboardScreen(Screen[None]):
@@ -210,6 +204,7 @@ class DashboardScreen(Screen[None]):
         self._log_shown = 0
         self._unsubscribe: list[object] = []
         self._gpu_newest: GpuSnapshot | None = None  # the newest GpuSampled's snapshot, until the tick shows it
+        self._throughput_grew = False  # a ThroughputAdded since the chart last followed the series (the tick's)
         self._second = -1  # the wall-clock second of the last whole tick (the chart's replot, the ages)
 
     # ---- layout ----------------------------------------------------------------------------------
@@ -277,7 +272,9 @@ class DashboardScreen(Screen[None]):
             # docs/decisions.md#ui-push-rate); a plain attribute set, on the app's loop, touching no widget
             self._gpu_newest = event.snapshot
         elif isinstance(event, ThroughputAdded):
-            self.post_message(ThroughputMessage())
+            # the chart replots only on the tick that starts a second, so the tick follows the series then: a flag
+            # set here, on the app's loop, instead of a message per point (docs/decisions.md#ui-push-rate)
+            self._throughput_grew = True
         elif isinstance(event, POSTED):
             self.post_message(SessionMessage(event, self.session.snapshot))
 
@@ -301,11 +298,8 @@ class DashboardScreen(Screen[None]):
         self._push_header()
         self._gate()
 
-    def on_throughput_message(self, message: ThroughputMessage) -> None:
-        self._follow_throughput()
-
     def _follow_throughput(self) -> None:
-        """The chart takes a copy of the series when it grew (ThroughputChart.follow); it replots on its own timer."""
+        """The chart takes a copy of the series when it grew (ThroughputChart.follow); it replots at the tick."""
         session = self.session
         self.query_one(ThroughputChart).follow(session.throughput, time.time(), session.markers)
 
@@ -355,7 +349,8 @@ class DashboardScreen(Screen[None]):
     def _refresh_view(self, whole: bool) -> None:
         """Recompute what the clock moves into the widgets' reactives, which redraw only when a value differs from
         the last: the server panel's view (its times), the flags panel's rows, the chart's figures line (its 30 s
-        window moves), the header. The GPU panel and the chart's series come as messages, not from here."""
+        window moves), the header; the GPU panel's newest sample and, when told the series grew, the chart's series
+        (the mailbox and the flag that the Session's events leave, module docstring)."""
         if not self.is_current:
             self._feed_log_screen()
             return
@@ -378,6 +373,9 @@ class DashboardScreen(Screen[None]):
             # a replot (with the figures) at most once a wall-clock second, when it was sent new points: the
             # server panel's ages change on that tick too, so both land in one screen update
             second = int(now_wall)
+            if self._throughput_grew:  # the series or markers grew since the last whole tick
+                self._throughput_grew = False
+                self._follow_throughput()
             if second != self._second:
                 self._second = second
                 chart.flush()
