@@ -8,3 +8,10 @@ same way for both, and `lines` splits what they read into lines cut at 64 KiB; `
 scripts of the proven signal, the environment reads and the checked file write. May import only the standard
 library, asyncssh and app.core.data.
 """
+
+import warnings
+
+# cryptography 51 marks DSA deprecated, and asyncssh (2.24) names DSA types at import: without this filter every
+# tunedash command, the dashboard's terminal too, starts with ten lines of CryptographyDeprecationWarning that the
+# user can do nothing about. Only that warning, only as asyncssh's modules raise it; tunedash never uses DSA keys.
+warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh(\.|$)")
