@@ -1,9 +1,9 @@
 """`tunedash ab --slots 2`: A and B side by side on two disjoint GPU sets, crossed over (app.core.measure.slot_ab).
 
-Plans the two slots from one GPU snapshot (app.core.measure.slots: GPUs anyone else holds are never used; too few
-free GPUs is a SlotError, exit 2), drives one lifecycle per slot (its own record, driver lock, kill-safety and
-release watch), runs the crossover, then keeps the arm that ran last on slot 0 (the profile's own GPUs and port)
-and kills the other slot's server, confirming its GPUs free.
+Plans the two slots from one GPU snapshot (app.core.measure.slots.plan_on_host: GPUs anyone else holds are never
+used; too few free GPUs is a SlotError, exit 2), drives one lifecycle per slot (its own record, driver lock,
+kill-safety and release watch), runs the crossover, then keeps the arm that ran last on slot 0 (the profile's own
+GPUs and port) and kills the other slot's server, confirming its GPUs free.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 
 from app.cli.common import EXIT_GPUS_HELD, EXIT_OK, drive, exit_code, lifecycle_for, open_host, say
 from app.core.flags.discovery import discover_flags
-from app.core.hosts.base import Host, HostError
+from app.core.hosts.base import HostError
 from app.core.measure.experiment import ExperimentFailed, ExperimentProgress, ExperimentSpec
 from app.core.measure.slot_ab import SlotExperiment
-from app.core.measure.slots import Slot, busy_gpus, plan_slots, slot_name, slot_profile
+from app.core.measure.slots import Slot, plan_on_host, slot_profile
 from app.core.measure.store import HistoryStore
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
-from app.core.server import jobs
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.energy import energy_meter_for
-from app.core.telemetry.smi import telemetry_for
 
 SLOTS = 2
 
@@ -35,25 +32,12 @@ Report = Callable[[SlotExperiment, argparse.Namespace, HistoryStore], None]
 StoreFactory = Callable[[], HistoryStore]
 
 
-async def place_slots(host: Host, profile: Profile) -> list[Slot]:
-    """The two slots on the host now: slot 0 the profile's GPUs and port, slot 1 the next free GPUs (SlotError)."""
-    telemetry = telemetry_for(host, "smi", None)
-    try:
-        snapshot = await telemetry.sample()
-    finally:
-        await telemetry.close()
-    ours = [r for r in [await jobs.load_job(host, replace(profile, name=slot_name(profile.name, i)))
-                        for i in range(SLOTS)] if r is not None]
-    busy = await busy_gpus(host, snapshot, ours)
-    return plan_slots(profile, SLOTS, [g.index for g in snapshot.gpus], busy)
-
-
 async def run_ab_slots(profile: Profile, spec: ExperimentSpec, args: argparse.Namespace, store_factory: StoreFactory,
                        report: Report) -> int:
     """The A/B of `cmd_ab` on two slots; the same progress, report and exit codes."""
     quiet = args.json or args.md
     host = open_host(profile)
-    slots = await place_slots(host, profile)
+    slots = await plan_on_host(host, profile, SLOTS)  # slot 0 the profile's GPUs and port, slot 1 the next free
     quiet_args = argparse.Namespace(**{**vars(args), "json": quiet})
     lifecycles = [lifecycle_for(slot_profile(profile, slot), host, quiet_args) for slot in slots]
     server_flags = await discover_flags(host, profile.backend, profile.python, profile.module, launch_env(profile))

@@ -23,7 +23,7 @@ from app.core.errors import Reason, TunedashError
 from app.core.hosts.base import Host, HostError
 from app.core.profiles.loading import apply_overrides, resolve_profile
 from app.core.profiles.types import Profile, ProfileError
-from app.core.server.driver import HEARTBEAT_S, DrivenElsewhere, DriverLock
+from app.core.server.driver import DrivenElsewhere, DriverLock, keep_alive
 from app.core.server.events import ActionLogged, LifecycleEvent, StateChanged
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.smi import telemetry_for
@@ -167,13 +167,7 @@ async def drive(lifecycle: ServerLifecycle, args: argparse.Namespace, command: s
     if verdict.level == "warning" and not getattr(args, "json", False):
         say(verdict.message)
 
-    async def beat() -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            with contextlib.suppress(HostError, OSError):
-                await lock.heartbeat()
-
-    _held.append((lock, asyncio.create_task(beat())))
+    _held.append((lock, asyncio.create_task(keep_alive(lock))))
     lifecycle.before_act = lock.check
 
 

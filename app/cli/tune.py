@@ -5,10 +5,11 @@ line per launch and per shape with the launches spent, the budget and an ETA, th
 only the results JSON. `--resume ID` goes on with a stored run that did not finish (a quit, a crash, a lost
 connection): nothing measured is repeated. At the end the server runs the winner for the profile's own [bench]
 shape, or the starting config with `--restore`; the last line says which. `--slots N` runs up to N candidates at
-once on disjoint GPU sets of the host (app.core.measure.slots: slot 0 the profile's own GPUs and port, the others
-on free GPUs no one else holds, each with its own port, job record and driver lock); at the end the other slots'
-servers are killed and their GPUs confirmed free; `--dry-run --slots N` prints the plan. On a `slurm:` profile a
-slot is an allocation of its own (`_plan_slurm`; `--grant-deadline S`), given back at the end. Exit codes
+once on disjoint GPU sets of the host (app.core.measure.slots.plan_on_host: slot 0 the profile's own GPUs and port,
+the others on free GPUs no one else holds, each with its own port, job record and driver lock); at the end the
+other slots' servers are killed and their GPUs confirmed free (free_slots, shared with the dashboard's tune on
+slots); `--dry-run --slots N` prints the plan. On a `slurm:` profile a slot is an allocation of its own
+(`_plan_slurm`, CLI-only; `--grant-deadline S`), given back at the end. Exit codes
 (app.cli.common): 2 bad input (slots that do not fit included), 4 the host refused a launch, 130 cancelled (the run
 is kept and resumable).
 """
@@ -39,7 +40,7 @@ from app.core.errors import TunedashError
 from app.core.flags.discovery import ServerFlags, discover_flags
 from app.core.hosts.base import Host
 from app.core.hosts.slurm import SlurmHost
-from app.core.measure.slots import MAX_PORT, Slot, SlotError, busy_gpus, plan_slots, slot_profile
+from app.core.measure.slots import MAX_PORT, Slot, SlotError, free_slots, plan_on_host, slot_profile
 from app.core.measure.store import HistoryStore, StoreError
 from app.core.profiles.render import launch_env
 from app.core.profiles.types import Profile
@@ -47,8 +48,7 @@ from app.core.server import jobs
 from app.core.server.driver import DrivenElsewhere
 from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.energy import energy_meter_for
-from app.core.telemetry.smi import telemetry_for
-from app.core.tune.export import results_text
+from app.core.tune.export import results_text, slot_lines
 from app.core.tune.model import OBJECTIVE_TEXT, TuneFailed, TuneSpec, spec_from_run
 from app.core.tune.results import tune_results
 from app.core.tune.run import TuneProgress, TuneRunner
@@ -84,17 +84,6 @@ def _space_json(space: TuneSpace, profile: Profile) -> dict[str, Any]:
     return {"candidates": [{"label": c.label, "source": c.source, "overrides": c.overrides(profile.flags)}
                            for c in space.candidates],
             "dropped": [{"label": d.label, "why": d.why} for d in space.dropped]}
-
-
-async def _plan(host: Host, profile: Profile, n: int) -> list[Slot]:
-    """The `--slots n` plan on the host now: its GPUs from one nvidia-smi snapshot, none that someone else holds
-    (our own slots' servers, by their job records, do not count: the tune relaunches them). SlotError when they
-    do not fit."""
-    snapshot = await telemetry_for(host, "smi", None).sample()
-    ours = [r for r in [await jobs.load_job(host, slot_profile(profile, Slot(i, (), profile.port)))
-                        for i in range(n)] if r is not None]
-    busy = await busy_gpus(host, snapshot, ours)
-    return plan_slots(profile, n, [g.index for g in snapshot.gpus], busy)
 
 
 async def _plan_slurm(host: SlurmHost, profile: Profile, n: int, deadline_s: float,
@@ -297,7 +286,7 @@ async def _tune(args: argparse.Namespace, profile: Profile, host: Host, store: H
                     for note in left_out:
                         print(f"({note})", file=sys.stderr)
             else:
-                slots = await _plan(host, spec.profile, args.slots)
+                slots = await plan_on_host(host, spec.profile, args.slots)
         except SlotError as exc:
             if not args.dry_run:
                 raise CliError(str(exc)) from None
@@ -366,19 +355,9 @@ async def _tune_on(args: argparse.Namespace, profile: Profile, host: Host, store
 
 
 async def _free_slots(args: argparse.Namespace, slots: list[Slot], lifecycles: list[ServerLifecycle]) -> None:
-    """Kill every slot's server but slot 0's (the profile's own, which ends on the winner) and confirm its GPUs
-    free; each slot's outcome on stderr with --json, else stdout."""
-    for slot, each in list(zip(slots, lifecycles, strict=True))[1:]:
-        try:
-            verdict = await each.kill(confirm_free=True)
-        except TunedashError as exc:
-            line = f"{slot.label}: the kill failed: {exc}"
-        else:
-            free = verdict is not None and verdict.all_free
-            line = (f"{slot.label}: server killed, GPUs {','.join(map(str, slot.gpus))} confirmed free" if free
-                    else f"{slot.label}: GPUs {','.join(map(str, slot.gpus))} NOT confirmed free"
-                    + (f" ({'; '.join(h.describe() for h in verdict.holders)})" if verdict and verdict.holders
-                       else ""))
+    """Kill every slot's server but slot 0's and confirm its GPUs free (app.core.measure.slots.free_slots); each
+    slot's outcome on stderr with --json, else stdout."""
+    for line in await free_slots(list(zip(slots, lifecycles, strict=True))):
         if args.json:
             print(line, file=sys.stderr)
         else:
@@ -397,13 +376,8 @@ def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> Non
         return
     say("")
     say(results_text(data))
-    if slots is not None:
-        say("slots: " + (slots["aa"] or "one slot measured so far: no slot effect"))
-        for row in slots["slots"]:
-            factor = "" if row["factor"] is None else f", factor {row['factor']:.3f}" + (
-                f" ({row['ci'][0]:.3f}-{row['ci'][1]:.3f})" if row["ci"] else "")
-            say(f"  slot {row['index']} (GPUs {','.join(map(str, row['gpus']))}, port {row['port']}): "
-                f"{row['launches']} launches{factor}")
+    for line in slot_lines(slots) if slots is not None else []:
+        say(line)
     say(f"history: run #{runner.run_id} (`tunedash export {runner.run_id} --format md|csv|json|svg`)")
 
 

@@ -65,6 +65,7 @@ class CommandSlot:
         self.current: CommandView | None = None
         self._task: asyncio.Task[None] | None = None
         self._watchers: list[Watcher] = []
+        self._settle_s = 0.0  # the running command's wait on close (start's settle_s)
 
     # ---- watchers ------------------------------------------------------------------------------
     def watch(self, watcher: Watcher) -> Callable[[], None]:
@@ -102,13 +103,16 @@ class CommandSlot:
             self._changed()
 
     def start(self, name: str, factory: Callable[[], Coroutine[Any, Any, Any]], *,
-              before: BeforeCommand | None = None) -> asyncio.Task[None] | None:
+              before: BeforeCommand | None = None, settle_s: float = 0.0) -> asyncio.Task[None] | None:
         """Run `factory()` as the command `name`; None (and nothing runs) while another command runs, except a
-        kill, which cancels that one first. `before` runs first and may refuse (CommandRefused: said, not run)."""
+        kill, which cancels that one first. `before` runs first and may refuse (CommandRefused: said, not run).
+        `settle_s`: when the session stops (`close`), how long to wait for the cancelled command's own clean-up
+        (a tune on slots kills its other slots' servers); 0: nothing waits for it."""
         previous = self._task if self.running else None
         if previous is not None and name not in KILLS:
             return None
         cancelled = self.current
+        self._settle_s = settle_s
 
         async def runner() -> None:
             if previous is not None and cancelled is not None:
@@ -155,3 +159,14 @@ class CommandSlot:
         """The session stops: cancel the command in progress (nothing waits for it)."""
         if self._task is not None:
             self._task.cancel()
+
+    async def close(self) -> None:
+        """The session stops: cancel the command in progress and wait up to its `settle_s` for its clean-up to end
+        (a command started without one is not waited for, as `stop`)."""
+        task = self._task if self.running else None
+        self.stop()
+        if task is not None and self._settle_s > 0:
+            done, _ = await asyncio.wait({task}, timeout=self._settle_s)
+            if not done:
+                log.warning("the %s still cleans up %.0f s after its cancel; left behind",
+                            self.current.name if self.current else "command", self._settle_s)

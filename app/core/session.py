@@ -364,7 +364,7 @@ class Session:
             return
         self._stopped = True
         self._unsubscribe_notices()
-        self.command.stop()
+        await self.command.close()  # a command that must clean up (a tune's other slots) ends first
         await self._tasks.close()  # the GPU samples, probe, /metrics, log tail, version and flag reads
         await self.lifecycle.close()
         await self.driver.release()  # never raises: a claim it cannot remove expires by itself (driver.STALE_S)
@@ -613,18 +613,19 @@ class Session:
         return None if name in KILLS else self.command.refusal(name)
 
     def run_command(self, name: str, coro_factory: Callable[[], Coroutine[Any, Any, Any]], *,
-                    signals: bool = True) -> asyncio.Task[None] | None:
+                    signals: bool = True, settle_s: float = 0.0) -> asyncio.Task[None] | None:
         """Start `name` in the one command slot (app.core.command.CommandSlot); None when another command runs (the
         event log says which). A kill is the exception: it cancels the command in progress (a relaunch waiting for a
         server that never gets ready, an A/B) and then kills. A command that `signals` (or launches) is refused in a
-        read-only session (ReadOnlyError); a benchmark only loads the server."""
+        read-only session (ReadOnlyError); a benchmark only loads the server. `settle_s`: how long `stop` waits for
+        the command's clean-up once it has cancelled it (CommandSlot.start)."""
         if signals:
             self._guard(name)
         refused = self.command_refusal(name)
         if refused:
             self.note(f"{refused} (a kill cancels it)", "warning")
             return None
-        return self.command.start(name, coro_factory, before=self.before_command)
+        return self.command.start(name, coro_factory, before=self.before_command, settle_s=settle_s)
 
     async def launch(self) -> None:
         self._guard("launch")

@@ -89,11 +89,12 @@ class SlotScreen(Screen[None]):
         self._run_task: asyncio.Task[None] | None = None
 
     def start_command(self, command: str, job: Callable[[], Coroutine[Any, Any, None]], *,
-                      signals: bool = True) -> asyncio.Task[None] | None:
-        """Run `job` as the slot's command, or say why not (read-only, another command runs): its task or None."""
+                      signals: bool = True, settle_s: float = 0.0) -> asyncio.Task[None] | None:
+        """Run `job` as the slot's command, or say why not (read-only, another command runs): its task or None.
+        `settle_s`: how long quitting waits for its clean-up once cancelled (Session.run_command)."""
         session = self.dashboard.session
         try:
-            self._run_task = session.run_command(command, job, signals=signals)
+            self._run_task = session.run_command(command, job, signals=signals, settle_s=settle_s)
         except ReadOnlyError as exc:
             self.say(str(exc))
             return None

@@ -55,7 +55,7 @@ from app.core.server.events import (
 )
 from app.core.session import ReadOnlyError, Session, WarmRefused
 from app.core.telemetry.pagecache import read_page_cache
-from app.tui import advisor, bench, tune
+from app.tui import advisor, bench, tune, tune_slots
 from app.tui.adopt_confirm import ask_adopted
 from app.tui.commands import untuned_flag_message
 from app.tui.progress_view import progress_view
@@ -98,6 +98,7 @@ WATCHER_REFUSES = {
     "bench": "a benchmark (b) loads the server and writes the history",
     "ab": "an A/B (a) relaunches the server and writes the history",
     "tune": "a tune (t) relaunches the server and writes the history",
+    "tune_slots": "a tune on parallel slots launches servers and writes the history",
     "probe": "the probe (p) loads the server",
     "export_events": "export (x) writes a file",
     "press_toggle": "flag changes",
@@ -108,7 +109,7 @@ writes the owner's files or config, or answers a trust prompt (docs/decisions.md
 DRIVER_ONLY = {"relaunch": "relaunch", "kill": "kill", "kill_all": "kill all", "confirm_free": "confirm free"}
 """Keys that signal or launch: refused in every read-only session (one that watches, or one another session drives)."""
 COMMANDS = {"relaunch": "relaunch", "confirm_free": "confirm free", "bench": "bench", "ab": "A/B",
-            "advise": "advisor", "tune": "tune"}
+            "advise": "advisor", "tune": "tune", "tune_slots": "tune"}
 """Keys that start a command in the Session's one slot: refused (dimmed) while another command runs. The kill is
 not here: it cancels the command in progress, then kills."""
 NEEDS_READY = {"bench": "a benchmark", "mark_baseline": "the baseline", "advise": "the advisor"}
@@ -179,6 +180,9 @@ class DashboardScreen(Screen[None]):
         Binding("h", "history", "History", id="history", tooltip="Past benchmarks and A/B runs"),
         Binding("t", "tune", "Tune", id="tune", show=False,
                 tooltip="Race the profile's [tune] candidates over its request shapes (tunedash tune)"),
+        Binding("ctrl+t", "tune_slots", "Tune on parallel slots…", id="tune_slots", show=False,
+                tooltip="Tune on parallel slots: asks how many, then races that many candidates at once on disjoint "
+                        "GPU sets of the host (tunedash tune --slots N)"),
     ]
 
     APP_BINDINGS: ClassVar[list[Binding]] = [
@@ -476,7 +480,7 @@ class DashboardScreen(Screen[None]):
             return f"read-only: {WATCHER_REFUSES[action]}, so it is off here{self._how_to_drive()}"
         if action == "ab" and session.readonly:
             return f"read-only session: A/B relaunches the server, so it is disabled{self._how_to_drive()}"
-        if action == "tune" and session.readonly:
+        if action in ("tune", "tune_slots") and session.readonly:
             return f"read-only session: a tune relaunches the server, so it is disabled{self._how_to_drive()}"
         if action == "press_toggle" and parameters and self.tuning_flags_only:
             toggle = session.profile.toggle(str(parameters[0]))
@@ -659,6 +663,9 @@ class DashboardScreen(Screen[None]):
 
     def action_tune(self) -> None:
         tune.start_tune(self)
+
+    def action_tune_slots(self) -> None:
+        tune_slots.ask_slots(self)
 
     def action_advise(self) -> None:
         self.run_worker(advisor.advise(self), name="advise", exit_on_error=False)

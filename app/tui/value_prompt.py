@@ -1,4 +1,4 @@
-"""ValuePrompt: a small modal asking for one flag's value (empty clears the flag)."""
+"""ValuePrompt: a small modal asking for one flag's value (empty clears the flag), or one option's (`--slots`)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ class ValuePrompt(ModalScreen[str | None]):
         width: 70; height: auto; padding: 1 2;
         border: round $primary; background: $surface;
     }
-    ValuePrompt Label.help { color: $text-muted; }
+    ValuePrompt Label.help { color: $text-muted; width: 100%; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, flag: str, help_text: str, initial: str, choices: Sequence[str] = ()) -> None:
+    def __init__(self, flag: str, help_text: str, initial: str, choices: Sequence[str] = (),
+                 empty_help: str = "empty = remove the flag") -> None:
         super().__init__()
+        self.empty_help = empty_help
         self.flag = flag
         self.help_text = help_text
         self.initial = initial
@@ -38,7 +40,7 @@ class ValuePrompt(ModalScreen[str | None]):
             yield Label(self.help_text, classes="help")
             if self.choices:
                 yield Label("choices: " + ", ".join(self.choices), classes="help")
-            yield Label("empty = remove the flag", classes="help")
+            yield Label(self.empty_help, classes="help")
             yield Input(value=self.initial, id="value")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

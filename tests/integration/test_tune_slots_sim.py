@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 
 from app.core.measure.store import DATA_DIR_ENV, HistoryStore
 from tests.helpers import REPO, kill_launched
+from tests.slot_helpers import Watch, held_gpus, write_8gpu_profile
 
 pytestmark = pytest.mark.slow
 
@@ -39,115 +38,16 @@ speculative-num-steps = [1, 3, 4]
 """
 
 
-def _ports(n: int) -> int:
-    """A base port with base .. base + n - 1 all free right now."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = int(sock.getsockname()[1])
-        if base + n > 65535:
-            continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise AssertionError(f"no {n} consecutive free ports")
-
-
 @pytest.fixture
 def host8(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """(profile file, sim state) of an 8-GPU simulated host like demo-8gpu's, with a tiny [tune] table."""
-    state = tmp_path / "sim8"
-    text = (Path(REPO) / "profiles" / "demo-8gpu.toml").read_text()
-    out = []
-    for line in text.splitlines():
-        if line.startswith("name ="):
-            line = 'name = "s8"'
-        elif line.startswith("sim_state ="):
-            line = f'sim_state = "{state}"'
-        elif line.startswith("port ="):
-            line = f"port = {_ports(4)}"
-        elif line.startswith("[env]"):
-            line = '[env]\nTUNEDASH_SIM_STARTUP_S = "0.3"'
-        elif line.startswith("[bench]"):
-            break
-        out.append(line)
-    profile = tmp_path / "s8.toml"
-    profile.write_text("\n".join(out) + "\n" + TUNE)
+    profile, state = write_8gpu_profile(tmp_path, TUNE)
     yield profile, state
     kill_launched(state)
 
 
 def _env(data: Path) -> dict[str, str]:
     return {**os.environ, DATA_DIR_ENV: str(data), "PYTHONUNBUFFERED": "1"}
-
-
-def _alive(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
-class Watch:
-    """Samples the sim's allocations and job records every 20 ms while a tune runs; records every overlap."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.problems: list[str] = []
-        self.samples = 0
-        self.most_servers = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _read(self, path: Path) -> object:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.02):
-            self.sample()
-
-    def sample(self) -> None:
-        data = self._read(self.state / "allocations.json")
-        records = data.get("records", []) if isinstance(data, dict) else []
-        by_gpu: dict[int, set[int]] = {}
-        for r in records:
-            pgid = _alive(int(r["pid"]))
-            if pgid is not None and not r.get("dead_since"):
-                by_gpu.setdefault(int(r["gpu"]), set()).add(pgid)
-        for gpu, groups in by_gpu.items():
-            if len(groups) > 1:
-                self.problems.append(f"GPU {gpu} held by servers {sorted(groups)} at once")
-        ports: dict[int, str] = {}
-        gpus_of: dict[int, tuple[str, set[int]]] = {}
-        for f in (self.state / "host" / "jobs").glob("*.json"):
-            rec = self._read(f)
-            if not isinstance(rec, dict) or rec.get("pgid") is None or _alive(int(rec["pid"])) is None:
-                continue
-            if rec["port"] in ports:
-                self.problems.append(f"port {rec['port']} named by {ports[rec['port']]} and {rec['profile']}")
-            ports[rec["port"]] = rec["profile"]
-            gpus_of[int(rec["pgid"])] = (rec["profile"], set(rec["gpus"]))
-        for gpu, groups in by_gpu.items():
-            for g in groups:
-                if g in gpus_of and gpu not in gpus_of[g][1]:
-                    self.problems.append(f"{gpus_of[g][0]} holds GPU {gpu}, not one of its {sorted(gpus_of[g][1])}")
-        self.samples += 1
-        self.most_servers = max(self.most_servers, len(ports))
 
 
 def _stored(data: Path) -> list[tuple[int, int, str, int | None]]:
@@ -188,8 +88,7 @@ def test_slots_run_side_by_side_on_disjoint_gpus_and_ports(host8: tuple[Path, Pa
             assert len(per[arm]) >= 2, (arm, launches)
     # At the end only slot 0 (the profile's own GPUs 0-1) holds a live server.
     watch.sample()
-    held = {int(r["gpu"]) for r in json.loads((state / "allocations.json").read_text())["records"]
-            if _alive(int(r["pid"])) is not None and not r.get("dead_since")}
+    held = held_gpus(state)
     assert held <= {0, 1}, held
 
 

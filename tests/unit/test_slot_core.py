@@ -84,3 +84,26 @@ async def test_a_failing_watcher_stops_neither_the_others_nor_the_command() -> N
     assert task is not None
     await task
     assert len(seen) == 3  # unwatched: heard nothing more
+
+
+async def test_closing_waits_for_the_clean_up_of_a_command_that_asked_for_it_and_no_other() -> None:
+    slot = CommandSlot(Notes())
+    cleaned: list[str] = []
+
+    async def tune_on_slots() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.2)  # killing the other slots' servers
+            cleaned.append("slots freed")
+
+    assert slot.start("tune", tune_on_slots, settle_s=5.0) is not None
+    await asyncio.sleep(0)
+    await slot.close()
+    assert cleaned == ["slots freed"] and not slot.running  # quitting waited for it
+    assert slot.start("tune", tune_on_slots) is not None
+    await asyncio.sleep(0)
+    await slot.close()
+    assert cleaned == ["slots freed"]  # cancelled; nothing waited for its clean-up
+    await asyncio.sleep(0.3)
+    assert cleaned == ["slots freed", "slots freed"]

@@ -12,6 +12,11 @@ nor busy, on port + i. `busy_gpus` reads which GPUs someone else holds from one 
 that confirms a GPU free after a kill (app.core.telemetry.freecheck: a compute process, or memory over the idle
 limit with none) and names each holder's owner (jobs.with_owners); a holder tagged by one of our own slots' job
 records is ours (the tuner relaunches it) and does not make its GPU busy. GPUs held by anyone else are never used.
+
+On the host (one owner for the CLI's `tune --slots N` and `ab --slots 2` and the dashboard's tune on slots):
+`plan_on_host` is that plan from one nvidia-smi snapshot, `slots_that_fit` how many the host holds now (what the
+dashboard offers), and `free_slots` the end of a run: every slot's server but slot 0's killed and its GPUs
+confirmed free, a line per slot.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from app.core.errors import TunedashError
 from app.core.hosts.base import Host
 from app.core.profiles.types import Profile
 from app.core.server import jobs
+from app.core.server.lifecycle import ServerLifecycle
 from app.core.telemetry.freecheck import FreeCheck
+from app.core.telemetry.smi import telemetry_for
 
 MAX_PORT = 65535
 
@@ -82,6 +89,22 @@ def plan_slots(profile: Profile, n: int, host_gpus: Sequence[int], busy: Mapping
     if held:
         raise SlotError(f"{where}: its own GPUs are in use by someone else ("
                         + "; ".join(f"GPU{g}: {busy[g]}" for g in held) + "); slot 0 runs there: free them first")
+    slots = _place(profile, n, on_host, busy)
+    if len(slots) < n:
+        busy_text = ("; busy: " + "; ".join(f"GPU{g}: {who}" for g, who in sorted(busy.items()))) if busy else ""
+        fix = "free the busy GPUs" if busy else "run it on a host with more GPUs"
+        raise SlotError(f"{where}: --slots {n} needs {n} sets of {width} adjacent free GPUs; {len(slots)} fit on this "
+                        f"host (GPUs {', '.join(map(str, on_host))}{busy_text}). Ask for --slots {len(slots)} or "
+                        f"{fix}")
+    if slots[-1].port > MAX_PORT:
+        raise SlotError(f"{where}: slot {slots[-1].index} would listen on port {slots[-1].port}, past {MAX_PORT}: "
+                        "give the profile a lower `port`")
+    return slots
+
+
+def _place(profile: Profile, n: int, on_host: Sequence[int], busy: Mapping[int, str]) -> list[Slot]:
+    """Slot 0 on the profile's GPUs, then up to n - 1 more on runs of adjacent GPUs neither taken nor busy."""
+    width = len(profile.gpus)
     slots = [Slot(0, tuple(profile.gpus), profile.port)]
     taken = set(profile.gpus)
     run: list[int] = []
@@ -98,15 +121,6 @@ def plan_slots(profile: Profile, n: int, host_gpus: Sequence[int], busy: Mapping
             slots.append(Slot(len(slots), tuple(run), profile.port + len(slots)))
             taken.update(run)
             run = []
-    if len(slots) < n:
-        busy_text = ("; busy: " + "; ".join(f"GPU{g}: {who}" for g, who in sorted(busy.items()))) if busy else ""
-        fix = "free the busy GPUs" if busy else "run it on a host with more GPUs"
-        raise SlotError(f"{where}: --slots {n} needs {n} sets of {width} adjacent free GPUs; {len(slots)} fit on this "
-                        f"host (GPUs {', '.join(map(str, on_host))}{busy_text}). Ask for --slots {len(slots)} or "
-                        f"{fix}")
-    if slots[-1].port > MAX_PORT:
-        raise SlotError(f"{where}: slot {slots[-1].index} would listen on port {slots[-1].port}, past {MAX_PORT}: "
-                        "give the profile a lower `port`")
     return slots
 
 
@@ -138,3 +152,63 @@ async def busy_gpus(host: Host, snapshot: GpuSnapshot, ours: Sequence[jobs.JobRe
 async def _tagged_ours(host: Host, pid: int, tags: set[str]) -> bool:
     value = await host.environ_value(pid, jobs.TAG_ENV)
     return value is not None and value in tags
+
+
+async def _host_gpus(host: Host, profile: Profile, n: int | None) -> tuple[list[int], dict[int, str]]:
+    """The host's GPUs from one nvidia-smi snapshot and those someone else holds (busy_gpus); the servers of our
+    own first `n` slots (by their job records; None: as many as the host's GPUs hold) do not count."""
+    telemetry = telemetry_for(host, "smi", None)
+    try:
+        snapshot = await telemetry.sample()
+    finally:
+        await telemetry.close()
+    if n is None:
+        n = len(snapshot.gpus) // max(1, len(profile.gpus))
+    ours = [r for r in [await jobs.load_job(host, slot_profile(profile, Slot(i, (), profile.port)))
+                        for i in range(n)] if r is not None]
+    return [g.index for g in snapshot.gpus], await busy_gpus(host, snapshot, ours)
+
+
+async def plan_on_host(host: Host, profile: Profile, n: int) -> list[Slot]:
+    """The plan of `n` slots on the host now: its GPUs from one nvidia-smi snapshot, none that someone else holds
+    (our own slots' servers, by their job records, do not count: the run relaunches them). SlotError when they do
+    not fit (plan_slots' text: the profile, the GPUs and who holds them)."""
+    if n < 1:  # plan_slots' refusal, without reading the GPUs first
+        return plan_slots(profile, n, (), {})
+    gpus, busy = await _host_gpus(host, profile, n)
+    return plan_slots(profile, n, gpus, busy)
+
+
+async def slots_that_fit(host: Host, profile: Profile) -> tuple[int, int]:
+    """(the host's GPUs, how many slots of the profile's width fit on them now), from one nvidia-smi snapshot;
+    0 slots when the profile names no GPUs or its own are busy or missing (plan_on_host then says why).
+    SlotError when the GPUs cannot be read."""
+    if not profile.gpus:
+        return 0, 0
+    gpus, busy = await _host_gpus(host, profile, None)
+    on_host = sorted(set(gpus))
+    if any(g not in on_host or g in busy for g in profile.gpus):
+        return len(on_host), 0
+    return len(on_host), len(_place(profile, len(on_host), on_host, busy))
+
+
+async def free_slots(servers: Sequence[tuple[Slot, ServerLifecycle]]) -> list[str]:
+    """The end of a run on slots: kill every slot's server but slot 0's (the profile's own, which ends on the
+    winner) and confirm its GPUs free, one after the other; a line per slot saying so (or what failed)."""
+    lines = []
+    for slot, lifecycle in servers:
+        if slot.index == 0:
+            continue
+        gpus = ",".join(map(str, slot.gpus))
+        try:
+            verdict = await lifecycle.kill(confirm_free=True)
+        except TunedashError as exc:
+            lines.append(f"{slot.label}: the kill failed: {exc}")
+            continue
+        if verdict is not None and verdict.all_free:
+            lines.append(f"{slot.label}: server killed, GPUs {gpus} confirmed free")
+        else:
+            lines.append(f"{slot.label}: GPUs {gpus} NOT confirmed free"
+                         + (f" ({'; '.join(h.describe() for h in verdict.holders)})" if verdict and verdict.holders
+                            else ""))
+    return lines

@@ -301,3 +301,13 @@ class DriverLock:
         except (HostError, OSError):
             pass  # a stale claim expires by itself after STALE_S
         await self._drop_beat()
+
+
+async def keep_alive(lock: DriverLock) -> None:
+    """A command's lock kept alive: its heartbeat every HEARTBEAT_S until cancelled (a CLI command's, a dashboard
+    tune's other slots'); a take-over is found by `check` right before the next signal or launch. A host that does
+    not answer one beat is tried again at the next."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        with contextlib.suppress(HostError, OSError):
+            await lock.heartbeat()

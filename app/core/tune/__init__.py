@@ -5,7 +5,8 @@
 docs/decisions.md, "Tune: the racing rule"). `space` turns a profile's [tune] table into candidates (exclusions
 applied, what the installed server rejects dropped with why), `run` the runner that relaunches through the
 server's owner and measures every shape per launch, stored as it goes and resumable, `results` the leaderboards,
-the best single config and the Pareto fronts, `export` their MD/CSV/JSON/SVG. May import app.core.measure, server,
+the best single config and the Pareto fronts, `export` their MD/CSV/JSON/SVG, `slot_servers` the dashboard's other
+slots' servers (a lifecycle and driver lock each). May import app.core.measure, server,
 profiles, flags, data and the rooms below; never the UI, and not the advisor (a room on its line: the CLI passes
 the advisor's fixes in).
 """

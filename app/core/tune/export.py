@@ -1,5 +1,6 @@
-"""A tune run's results (app.core.tune.results.TuneResults) as text for the terminal, Markdown, CSV (one row per launch
-and shape) and an SVG of the leaderboards' winners and both Pareto fronts (plain SVG, no UI toolkit)."""
+"""A tune run's results (app.core.tune.results.TuneResults) as text for the terminal (with a run on slots' lines),
+Markdown, CSV (one row per launch and shape) and an SVG of the leaderboards' winners and both Pareto fronts (plain
+SVG, no UI toolkit)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,18 @@ def pareto_lines(data: TuneResults) -> list[str]:
         items = ", ".join(f"{points[i].candidate} @ {points[i].shape} ({points[i].figures.stream_tok_s or 0:.1f}, "
                           f"{points[i].figures.axis(yk) or 0:.4g})" for i in front.front)
         lines.append(f"Pareto front ({front.x} vs {front.y}): {items}")
+    return lines
+
+
+def slot_lines(slots: dict[str, Any]) -> list[str]:
+    """A run on slots (TuneRunner.slots_json): the A/A across the slots, then a line per slot with its launches and
+    its estimated factor."""
+    lines = ["slots: " + (slots["aa"] or "one slot measured so far: no slot effect")]
+    for row in slots["slots"]:
+        factor = "" if row["factor"] is None else f", factor {row['factor']:.3f}" + (
+            f" ({row['ci'][0]:.3f}-{row['ci'][1]:.3f})" if row["ci"] else "")
+        lines.append(f"  slot {row['index']} (GPUs {','.join(map(str, row['gpus']))}, port {row['port']}): "
+                     f"{row['launches']} launches{factor}")
     return lines
 
 

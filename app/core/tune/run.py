@@ -81,6 +81,7 @@ class TuneProgress:
     eta_s: float | None = None
     decision: Decision | None = None
     slot: int | None = None  # the slot of a launch, ready or shape step (`--slots N`); None without slots
+    candidate: str | None = None  # the candidate of a launch, ready or shape step (its label)
 
 
 class TuneRunner:
@@ -177,7 +178,8 @@ class TuneRunner:
         return decision
 
     # ---- progress -----------------------------------------------------------------------------------
-    def _emit(self, kind: str, text: str, decision: Decision | None = None, slot: int | None = None) -> None:
+    def _emit(self, kind: str, text: str, decision: Decision | None = None, slot: int | None = None,
+              candidate: str | None = None) -> None:
         if self.on_progress is None:
             return
         spent = self.state.spent()
@@ -188,7 +190,7 @@ class TuneRunner:
             eta = per * min(left, max(1, len(decision.next)))
             if self.parallel:  # launches side by side: rounds of as many as there are slots
                 eta = per * -(-min(left, max(1, len(decision.next))) // len(self.slots))
-        self.on_progress(TuneProgress(kind, text, spent, self.spec.max_launches, eta, decision, slot))
+        self.on_progress(TuneProgress(kind, text, spent, self.spec.max_launches, eta, decision, slot, candidate))
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started if self._started else 0.0
@@ -375,7 +377,7 @@ class TuneRunner:
         which = f"launch {number}/{spec.max_launches}{on}: {c.label} (its launch {k + 1})"
         await check_fits(owner.host, max(self._launch_walls, default=0.0), f"candidate {c.label}{on}")
         self._emit("launch", which + (f" [GPUs {','.join(map(str, slot.gpus))}, port {slot.port}]" if on else ""),
-                   slot=where)
+                   slot=where, candidate=c.label)
         started = time.monotonic()
         try:
             state = await owner.relaunch(profile, ready_timeout_s=spec.ready_timeout_s, change=f"tune {which}")
@@ -390,12 +392,12 @@ class TuneRunner:
             self.state.launches.append(LaunchDone(candidate, k, outcome, slot=where))
             detail = life.crash_detail() if state == ServerState.CRASHED else ""
             self._emit("ready", f"{which}: did not become ready (state {state.value}{': ' + detail if detail else ''})",
-                       slot=where)
+                       slot=where, candidate=c.label)
             return
         url = await owner.host.http_base(profile.port)
         info = await server_info(url, profile.backend)
         await self._record_launch(candidate, k, profile, info, "ready", life.phase_times, slot=kept)
-        self._emit("ready", f"{which}: ready after {time.monotonic() - started:.1f} s", slot=where)
+        self._emit("ready", f"{which}: ready after {time.monotonic() - started:.1f} s", slot=where, candidate=c.label)
         if spec.profile.bench.warmup > 0:
             widest = max(spec.shapes, key=lambda s: s.concurrency)
             warm = replace(spec.bench(widest), requests=spec.profile.bench.warmup)
@@ -453,7 +455,7 @@ class TuneRunner:
         where = "" if slot is None else f"[slot {slot.index}: {self.spec.candidates[candidate].label}] "
         self._emit("shape", f"  {where}{shape.label}: {shown}" + (f" ({trial.over})" if trial.over else "")
                    + (f", {summary.errors} errors" if summary.errors else ""),
-                   slot=None if slot is None else slot.index)
+                   slot=None if slot is None else slot.index, candidate=self.spec.candidates[candidate].label)
         return trial
 
     async def _end(self, decision: Decision) -> None:
