@@ -309,7 +309,9 @@ async def _tune_on(args: argparse.Namespace, profile: Profile, host: Host, store
         lifecycles.append(lifecycle_for(slot_profile(spec.profile, slot), slot_hosts[i] if slot_hosts else host,
                                         quiet))
     hosts_by_name = {each.profile.name: each.host for each in lifecycles}
-    for each in lifecycles:
+    left = [(slot, lifecycle_for(slot_profile(spec.profile, slot), host, quiet))
+            for slot in await _left_slots(host, spec.profile, resume, len(slots) if slots else 1)]
+    for each in [*lifecycles, *(life for _, life in left)]:
         each.server_flags = found
         try:
             await drive(each, args, "tune")  # one driver lock per slot (its own profile name)
@@ -342,8 +344,10 @@ async def _tune_on(args: argparse.Namespace, profile: Profile, host: Host, store
         try:
             if slots:
                 await _free_slots(args, slots, lifecycles)
+            if left:
+                _say_lines(args, await free_slots(left))
         finally:
-            for each in lifecycles:
+            for each in [*lifecycles, *(life for _, life in left)]:
                 await each.close()
     _report(args, spec, runner)
     if code == EXIT_OK and runner.state.launches and not any(ln.trials for ln in runner.counted()):
@@ -357,11 +361,33 @@ async def _tune_on(args: argparse.Namespace, profile: Profile, host: Host, store
 async def _free_slots(args: argparse.Namespace, slots: list[Slot], lifecycles: list[ServerLifecycle]) -> None:
     """Kill every slot's server but slot 0's and confirm its GPUs free (app.core.measure.slots.free_slots); each
     slot's outcome on stderr with --json, else stdout."""
-    for line in await free_slots(list(zip(slots, lifecycles, strict=True))):
+    _say_lines(args, await free_slots(list(zip(slots, lifecycles, strict=True))))
+
+
+def _say_lines(args: argparse.Namespace, lines: list[str]) -> None:
+    for line in lines:
         if args.json:
             print(line, file=sys.stderr)
         else:
             say(line)
+
+
+async def _left_slots(host: Host, profile: Profile, resume: Any, used: int) -> list[Slot]:
+    """The slots a resumed run ran on before and this run does not use (it was on `--slots 4`, this one on 2 or 1)
+    whose server still runs: a run killed mid-launch leaves one there. Each is killed and its GPUs confirmed free at
+    the end, as the run's own other slots are, so only the winner holds GPUs when the tune ends. Not on a slurm:
+    profile, where such a slot was an allocation of its own (its time limit ends it)."""
+    if resume is None or isinstance(host, SlurmHost):
+        return []
+    found: dict[int, Slot] = {}
+    for ln in resume.launches:
+        row = ln.slot if isinstance(ln.slot, dict) else {}
+        index, gpus, port = row.get("index"), row.get("gpus"), row.get("port")
+        if (isinstance(index, int) and index >= used and isinstance(port, int) and isinstance(gpus, list)
+                and all(isinstance(g, int) for g in gpus)):
+            found[index] = Slot(index, tuple(gpus), port)
+    return [slot for _, slot in sorted(found.items())
+            if await jobs.load_job(host, slot_profile(profile, slot)) is not None]
 
 
 def _report(args: argparse.Namespace, spec: TuneSpec, runner: TuneRunner) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,9 +93,12 @@ def test_slots_run_side_by_side_on_disjoint_gpus_and_ports(host8: tuple[Path, Pa
     assert held <= {0, 1}, held
 
 
+@pytest.mark.parametrize("again_slots", [2, 1])
 def test_a_slotted_tune_killed_mid_run_resumes_without_repeating_a_launch(host8: tuple[Path, Path],
-                                                                          tmp_path: Path) -> None:
-    profile, _state = host8
+                                                                          tmp_path: Path, again_slots: int) -> None:
+    """Resumed on 2 slots as before, or on 1: then the new launches are slot 0's, and the server the killed run left
+    on slot 1 is killed and its GPUs confirmed free at the end (only the winner holds GPUs)."""
+    profile, state = host8
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "app", "tune", str(profile), "--slots", "2"], cwd=REPO,
                             env=_env(data), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -130,11 +134,13 @@ def test_a_slotted_tune_killed_mid_run_resumes_without_repeating_a_launch(host8:
     trials_before = sorted((t.arm_idx, t.launch_idx, t.trial_idx, t.value) for t in before.trials)
     assert len(complete_before) >= 1 and all(ln.slot is not None for ln in before.launches)
     # --take-over: the SIGKILLed CLI's driver locks (one per slot) are stale only 5 s after its last heartbeat
-    again = subprocess.run([sys.executable, "-m", "app", "tune", str(profile), "--slots", "2", "--resume",
+    again = subprocess.run([sys.executable, "-m", "app", "tune", str(profile), "--slots", str(again_slots), "--resume",
                             str(run.id), "--take-over"], capture_output=True, text=True, timeout=300, cwd=REPO,
                            env=_env(data))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"resuming run #{run.id}" in again.stdout
+    numbers = [(int(n), int(of)) for n, of in re.findall(r"launch (\d+)/(\d+)", again.stdout)]
+    assert numbers and all(n <= of for n, of in numbers), numbers  # a redone partial launch is not over the budget
     with HistoryStore(data / "history.sqlite3") as store:
         after = store.run(run.id)
     assert after is not None and after.status == "done"
@@ -147,3 +153,10 @@ def test_a_slotted_tune_killed_mid_run_resumes_without_repeating_a_launch(host8:
     counted = {(ln.arm_idx, ln.launch_idx) for ln in after.launches if ln.outcome == "ready"}
     complete_after = {k for k in counted if sum(1 for t in after.trials if (t.arm_idx, t.launch_idx) == k) == shapes}
     assert complete_before < complete_after  # the resume measured more, the launches kept
+    new = [ln for ln in after.launches if (ln.arm_idx, ln.launch_idx) not in {(b.arm_idx, b.launch_idx)
+                                                                                 for b in before.launches}]
+    assert new and all(ln.slot is not None for ln in new)  # every launch keeps its slot, slot 0's on one slot
+    if again_slots == 1:
+        assert {ln.slot["index"] for ln in new if ln.slot is not None} == {0}
+        assert "slot 1 (GPUs 2,3, port" in again.stdout and "confirmed free" in again.stdout, again.stdout[-2000:]
+    assert held_gpus(state) <= {0, 1}  # only the winner, on slot 0, holds GPUs

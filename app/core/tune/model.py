@@ -147,7 +147,10 @@ class TuneState:
         return max(used, default=-1) + 1
 
     def spent(self) -> int:
-        return len(self.launches)
+        """The launches the budget counts, as the rule does: complete and failed ones. A partial launch (a crash
+        cut it off before all its shapes; resume does it again) is not one, so a resumed run's progress reads
+        "launch 6/6" for its redo, not "7/6"."""
+        return sum(1 for ln in self.launches if ln.outcome != "partial")
 
 
 def state_from_run(run: RunRow, shapes: int) -> TuneState:
