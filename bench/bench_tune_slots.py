@@ -1,13 +1,16 @@
 """Issue 21 item 5 on the real simulator: `tunedash tune --slots 4` against `--slots 1`, the same space, same run.
 
 The profile: profiles/demo-8gpu.toml (8 simulated H200s at TP 2 = 4 slots, GPUs 6-7 4% slower) with a bench-only
-[tune] table written into a temp dir: speculative steps 1, 2 and 4 (draft tokens follow the steps) at two request
-shapes whose true best is clear in the sim's speed model (app/sim/speed_model.toml): 1 stream at a short context,
-where 4 steps lead 2 steps by ~18%, and 32 streams at an 8K context, where 1 step leads 2 steps by ~12% (8.4
-against 7.5); a fixed budget of --launches (default 12: 4 per candidate). Each repetition runs both arms, in
+[tune] table written into a temp dir: speculative steps 1, 2 and 4 (draft tokens follow the steps) x the `g` toggle
+off/on (the piecewise CUDA graph kept on; `--no-graph`: steps only) = 6 candidates, at two request shapes whose true
+best is clear in the sim's speed model (app/sim/speed_model.toml): 1 stream at a short context, where 4 steps with
+the graph lead the next (2 steps with it, 4 without) by 12-16%, and 32 streams at an 8K context, where 1 step with
+the graph leads 1 step without by ~5% and 2 steps by ~13%; a fixed budget of --launches (default 12: 2 per
+candidate, so both arms spend it all and the wall times compare the same work). Each repetition runs both arms, in
 alternating order, each on a fresh simulated host and history; every server is killed after each run.
 
-The true speeds come from the sim itself: each candidate's command line goes through the sim's own flag parser and
+The true speeds come from the sim itself: each candidate's command line (the profile's flags with the overrides the
+tune's JSON lists for it) goes through the sim's own flag parser and
 resolver (app.sim.server_args) into app.sim.speed.SpeedModel.mean_stream_tok_s at the shape's concurrency and mean
 context (input + output / 2), launch noise off. Printed per arm per rep: the winner per shape (the leader, else the
 front), whether it is the true best (within 2% of the best true speed), whether the board separated it; per rep
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -61,10 +63,10 @@ max_launches = {launches}
 advisor_seeds = false
 [tune.flags]
 speculative-num-steps = [{steps}]
-"""
+{toggles}"""
 
 
-def profile_text(state: Path, port: int, launches: int) -> str:
+def profile_text(state: Path, port: int, launches: int, graph: bool) -> str:
     out = []
     for line in (REPO / "profiles" / "demo-8gpu.toml").read_text().splitlines():
         if line.startswith("name ="):
@@ -79,71 +81,83 @@ def profile_text(state: Path, port: int, launches: int) -> str:
             break
         out.append(line)
     shapes = ", ".join("{ " + ", ".join(f"{k} = {v}" for k, v in sh.items()) + " }" for sh in SHAPES)
-    return "\n".join(out) + "\n" + TUNE.format(launches=launches, shapes=shapes,
+    toggles = '[tune.toggles]\ng = ["off", "on"]\n' if graph else ""
+    return "\n".join(out) + "\n" + TUNE.format(launches=launches, shapes=shapes, toggles=toggles,
                                                steps=", ".join(str(x) for x in STEPS))
 
 
-def _argv(steps: int) -> list[str]:
-    """The sim server's command line for the profile's flags with `steps` speculative steps (draft = steps + 1)."""
+def _value(text: str) -> Any:
+    """A flag value as `Candidate.overrides` writes it: true/false, a number, else the text."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def flags_of(overrides: str) -> dict[str, Any]:
+    """The profile's flags with a candidate's overrides ("F=V F=V !F", as the tune's JSON lists them)."""
     flags = dict(tomllib.loads((REPO / "profiles" / "demo-8gpu.toml").read_text())["flags"])
-    flags["speculative-num-steps"] = steps
-    flags["speculative-num-draft-tokens"] = steps + 1
+    for word in overrides.split():
+        if word.startswith("!"):
+            flags.pop(word[1:], None)
+        else:
+            name, _, text = word.partition("=")
+            flags[name] = _value(text)
+    return flags
+
+
+def true_speeds(overrides: str) -> dict[str, float]:
+    """Shape (keyed by its concurrency) -> the sim's true output tok/s per stream of a candidate, launch noise off:
+    its command line through the sim's own flag parser and resolver into the speed model."""
     argv = ["--model-path", "sim/qwen3.6-27b"]
-    for k, v in flags.items():
+    for k, v in flags_of(overrides).items():
         if v is True:
             argv.append(f"--{k}")
         elif v is not False:
             argv += [f"--{k}", str(v)]
-    return argv
-
-
-def true_speeds() -> dict[str, dict[int, float]]:
-    """Shape (keyed by its concurrency) -> steps -> the sim's true output tok/s per stream, launch noise off."""
     version = current_version()
     model = load_models()["sim/qwen3.6-27b"]
     params = {**load_params(), "launch_sigma": 0.0}
-    out: dict[str, dict[int, float]] = {}
-    for sh in SHAPES:
-        ctx = sh["input_len"] + sh["output_len"] / 2
-        out[str(sh["concurrency"])] = {
-            k: SpeedModel(speed_config(resolve(parse(_argv(k), version), model, H200_MIB, version), model), params,
-                          seed=0).mean_stream_tok_s(sh["concurrency"], ctx) for k in STEPS}
-    return out
+    speed = SpeedModel(speed_config(resolve(parse(argv, version), model, H200_MIB, version), model), params, seed=0)
+    return {str(sh["concurrency"]): speed.mean_stream_tok_s(sh["concurrency"], sh["input_len"] + sh["output_len"] / 2)
+            for sh in SHAPES}
 
 
-def _steps_of(overrides: str) -> int:
-    """A candidate's speculative steps from its overrides text (the profile's 1 when it overrides none)."""
-    m = re.search(r"speculative-num-steps\D*(\d+)", overrides)
-    return int(m.group(1)) if m else 1
+def truth_of(data: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Candidate label -> its true speeds per shape, for every candidate the tune listed."""
+    return {c["label"]: true_speeds(str(c["overrides"])) for c in data["candidates"]}
 
 
-def answers(data: dict[str, Any], truth: dict[str, dict[int, float]]) -> dict[str, dict[str, Any]]:
-    """Per shape (keyed by concurrency): the winner (leader, else front), its steps, whether it is the true best
-    (within 2%), whether the board separated it (a leader not tied), and the board's verdict words."""
-    steps = {c["label"]: _steps_of(str(c["overrides"])) for c in data["candidates"]}
+def answers(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per shape (keyed by concurrency): the winner (leader, else front), whether it is the true best (within 2% of
+    the best candidate's true speed) and whether the board separated it (a leader not tied)."""
+    truth = truth_of(data)
     out: dict[str, dict[str, Any]] = {}
     for b in data["shapes"]:
         key = str(b["concurrency"])
         winner = b["leader"] or b["front"]
-        speeds = truth[key]
-        k = steps.get(winner, 1)
-        out[key] = {"winner": winner, "steps": k, "true_best": speeds[k] >= (1 - TOLERANCE) * max(speeds.values()),
+        best = max(speeds[key] for speeds in truth.values())
+        out[key] = {"winner": winner, "true_best": truth[winner][key] >= (1 - TOLERANCE) * best,
                     "separated": bool(b["leader"]) and not b["tied"]}
     return out
 
 
 def same_answers(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> bool:
     """Both arms pick the same winner, or both a true best, at every shape."""
-    return all(a[k]["steps"] == b[k]["steps"] or (a[k]["true_best"] and b[k]["true_best"]) for k in a)
+    return all(a[k]["winner"] == b[k]["winner"] or (a[k]["true_best"] and b[k]["true_best"]) for k in a)
 
 
-def one(slots: int, launches: int, port: int) -> tuple[float, dict[str, Any], int]:
+def one(slots: int, launches: int, port: int, graph: bool) -> tuple[float, dict[str, Any], int]:
     """(wall s, the tune's JSON, launches spent) of one `tune --slots N` on a fresh sim host and history."""
     with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
         root = Path(tmp)
         state = root / "sim"
         profile = root / "bench-slots.toml"
-        profile.write_text(profile_text(state, port, launches))
+        profile.write_text(profile_text(state, port, launches, graph))
         env = {**os.environ, "TUNEDASH_DATA_DIR": str(root / "data"), "PYTHONUNBUFFERED": "1"}
         started = time.monotonic()
         try:
@@ -163,29 +177,32 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--launches", type=int, default=12)
     ap.add_argument("--port", type=int, default=34100)
+    ap.add_argument("--no-graph", dest="graph", action="store_false",
+                    help="steps only (3 candidates), without the graph toggle g off/on (6 candidates)")
     args = ap.parse_args()
-    truth = true_speeds()
-    for key, speeds in truth.items():
-        best = max(speeds, key=speeds.__getitem__)
-        print(f"true speeds at concurrency {key}: " + ", ".join(f"{k} steps {v:.1f}" for k, v in speeds.items())
-              + f" tok/s per stream; best {best} steps", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     walls: dict[int, list[float]] = {1: [], 4: []}
     per_launch: dict[int, list[float]] = {1: [], 4: []}
     right = {1: 0, 4: 0}
     separated = {1: 0, 4: 0}
     agree = 0
+    printed = False
     for rep in range(args.reps):
         order = (1, 4) if rep % 2 == 0 else (4, 1)
         got: dict[int, dict[str, dict[str, Any]]] = {}
         for slots in order:
-            wall, data, spent = one(slots, args.launches, args.port)
+            wall, data, spent = one(slots, args.launches, args.port, args.graph)
+            if not printed:
+                printed = True
+                for label, speeds in truth_of(data).items():
+                    print(f"true tok/s per stream of {label}: " + ", ".join(f"c{k} {v:.2f}" for k, v in speeds.items()),
+                          flush=True)
             walls[slots].append(wall)
             per_launch[slots].append(wall / max(spent, 1))
-            got[slots] = answers(data, truth)
+            got[slots] = answers(data)
             right[slots] += sum(a["true_best"] for a in got[slots].values())
             separated[slots] += sum(a["separated"] for a in got[slots].values())
-            words = "; ".join(f"c{k}: {a['winner']} ({a['steps']} steps, "
+            words = "; ".join(f"c{k}: {a['winner']} ("
                               f"{'true best' if a['true_best'] else 'NOT the true best'}, "
                               f"{'separated' if a['separated'] else 'not separated'})" for k, a in got[slots].items())
             aa = f"; slots A/A: {data['slots']['aa']}" if "slots" in data else ""
