@@ -31,13 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.core.measure.experiment import parse_arm  # noqa: E402
+from app.core.profiles.loading import load_profile  # noqa: E402
 from app.sim.server_args import load_models, parse, resolve  # noqa: E402
 from app.sim.sglang import speed_config  # noqa: E402
 from app.sim.speed import SpeedModel, load_params  # noqa: E402
@@ -86,28 +87,10 @@ def profile_text(state: Path, port: int, launches: int, graph: bool) -> str:
                                                steps=", ".join(str(x) for x in STEPS))
 
 
-def _value(text: str) -> Any:
-    """A flag value as `Candidate.overrides` writes it: true/false, a number, else the text."""
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def flags_of(overrides: str) -> dict[str, Any]:
-    """The profile's flags with a candidate's overrides ("F=V F=V !F", as the tune's JSON lists them)."""
-    flags = dict(tomllib.loads((REPO / "profiles" / "demo-8gpu.toml").read_text())["flags"])
-    for word in overrides.split():
-        if word.startswith("!"):
-            flags.pop(word[1:], None)
-        else:
-            name, _, text = word.partition("=")
-            flags[name] = _value(text)
-    return flags
+    """The profile's flags with a candidate's overrides ("F=V F=V !F", as the tune's JSON lists them), read as
+    `tunedash ab --a` reads an arm's (app.core.measure.experiment.parse_arm)."""
+    return dict(parse_arm(load_profile(REPO / "profiles" / "demo-8gpu.toml"), overrides, "candidate").profile.flags)
 
 
 def true_speeds(overrides: str) -> dict[str, float]:
