@@ -219,3 +219,37 @@ async def test_a_run_resumed_with_another_slot_count_blocks_every_launch_on_its_
         assert read_back == {(ln.candidate, ln.launch): ln.slot for ln in again.state.launches}
         live_json = tune_results(again.spec, again.state, live, status="done", run_id=run.id).to_json()
         assert run_results(run).to_json()["shapes"] == live_json["shapes"]  # the boards, recomputed the same
+
+
+class HangingOwner(Owner):
+    """A slot whose launches never come up (a relaunch that waits forever) until cancelled."""
+
+    async def relaunch(self, profile: Any, *, ready_timeout_s: float | None = None,
+                       change: str | None = None) -> ServerState:
+        self.log["profiles"].append((self.slot, profile.name, tuple(profile.gpus), profile.port))
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_launches_in_flight_are_cancelled_once_the_run_is_done_not_waited_for(
+        fake_bench: dict[str, Any]) -> None:
+    """The time budget runs out while slot 1's launch is still coming up: the run ends when slot 0's launch is in,
+    cancelling slot 1's (not counted), as one slot would stop there; without the cancel it would wait forever."""
+    slots = _slots(fake_bench, 2)
+    hanging = HangingOwner(1, fake_bench)
+    slots[1] = (slots[1][0], hanging)
+    spec = _spec(8)
+    seen: list[str] = []
+    runner = TuneRunner(spec, slots[0][1], slots=slots, on_progress=lambda p: seen.append(p.text))
+    task = asyncio.ensure_future(runner.run())
+    while not hanging.log["profiles"] or not any(s == 0 for s, *_ in fake_bench["profiles"]):
+        await asyncio.sleep(0)  # both slots' first launches under way
+    runner.spec = replace(spec, time_budget_s=0.0001)  # now out of time: slot 0's launch ends, slot 1's hangs on
+    await asyncio.wait_for(task, 10)
+    assert hanging.cancelled
+    assert runner.status == "done" and all(ln.slot == 0 for ln in runner.state.launches)
+    assert any("in flight cancelled (not counted)" in line for line in seen), seen

@@ -20,7 +20,10 @@ Parallel slots (`--slots N`, TuneRunner(slots=[(Slot, owner), ...]), docs/decisi
 time"): one task per launch in flight, all in one asyncio.TaskGroup of `run` (a cancel or a failed launch cancels
 the others; nothing outlives the run). Whenever a slot is free the rule decides on the launches finished so far and
 app.core.tune.slots_stats.pick_slot_assignment says which candidate of its `next` goes on which free slot (the
-history it balances includes the launches in flight); the budget counts the launches in flight. Each slot has its
+history it balances includes the launches in flight); the budget counts the launches in flight. Once the rule is
+done (or the time budget is spent) while launches are still in flight, those are cancelled, not waited for: they
+could change nothing the rule decided, as one slot stops at the same point (their stored rows read back as partial,
+not counted). Each slot has its
 own owner (its own lifecycle: job record, driver lock, release watch, under the slot's profile name,
 app.core.measure.slots.slot_profile), every launch row stores its slot (index, GPUs, port) and every observation
 carries it, so the rule blocks on the slot. A resumed run reads the slots back with the launches. The warm-cache
@@ -263,6 +266,7 @@ class TuneRunner:
         changed = asyncio.Event()
         free = [slot.index for slot, _ in self.slots]
         ended: set[int] = set()  # slots whose own allocation cannot hold a launch any more (AllocationEnding)
+        tasks: dict[int, asyncio.Task[None]] = {}  # slot -> its launch in flight
 
         async def one(candidate: int, k: int, slot: int, number: int) -> None:
             try:
@@ -275,6 +279,7 @@ class TuneRunner:
                            slot=slot)
             finally:
                 self._in_flight.pop(slot, None)
+                tasks.pop(slot, None)
                 self._reserved.get(candidate, set()).discard(k)
                 if slot not in ended:
                     free.append(slot)
@@ -295,6 +300,12 @@ class TuneRunner:
                     if not self._in_flight or not stop:
                         self._emit("decision", decision.why_done or f"next: {', '.join(decision.next[:4])}"
                                    + (" ..." if len(decision.next) > 4 else ""), decision)
+                    flying_now = [t for t in tasks.values() if not t.cancelling()]
+                    if stop and flying_now:  # decided (or out of time): what is in flight can change nothing now
+                        self._emit("slot", f"{decision.why_done}: {len(flying_now)} launch"
+                                   f"{'es' if len(flying_now) > 1 else ''} in flight cancelled (not counted)")
+                        for task in flying_now:
+                            task.cancel()
                     left = self.spec.max_launches - self.state.spent() - len(self._in_flight)
                     if not stop and left > 0 and free:
                         history: dict[str, list[int]] = {}
@@ -314,7 +325,8 @@ class TuneRunner:
                             free.remove(slot)
                             self._in_flight[slot] = c
                             number = self.state.spent() + len(self._in_flight)
-                            group.create_task(one(c, k, slot, number), name=f"tune: {name} on slot {slot}")
+                            tasks[slot] = group.create_task(one(c, k, slot, number),
+                                                            name=f"tune: {name} on slot {slot}")
                     if not self._in_flight:
                         return self.decision or decision
                     await changed.wait()
