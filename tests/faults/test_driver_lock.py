@@ -103,6 +103,24 @@ async def test_a_race_for_a_free_lock_has_one_winner(make_profile: MakeProfile) 
             await lock.release()
 
 
+async def test_a_release_while_the_lock_is_being_taken_leaves_nothing_behind(make_profile: MakeProfile) -> None:
+    """A dashboard stopped (SIGTERM, q) in its first second, while acquire sleeps its SETTLE_S with the claim on
+    disk and `held` not yet set: release did nothing then, and a heartbeat file stayed (1 run in 8 of the SIGTERM
+    tmux test). Now what is on disk is given back at once and acquire gives back what it took."""
+    profile = load_profile(make_profile())
+    host = host_for(profile)
+    lock = DriverLock(host, profile, "dashboard")
+    drivers = Path(str(host.state_dir)) / "drivers"
+    taking = asyncio.create_task(lock.acquire(take_over=False))
+    await until(lambda: any(drivers.glob("*.json")), 10, "the claim on disk")
+    assert not lock.held  # in SETTLE_S: taken on disk, not yet held
+    await lock.release()
+    assert not list(drivers.glob("*")), list(drivers.glob("*"))  # given back at once
+    verdict = await taking
+    assert verdict.readonly and "stopped while taking" in verdict.message
+    assert not lock.held and not list(drivers.glob("*")), list(drivers.glob("*"))
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (CI installs it via .ci/run)")
 def test_two_dashboards_of_one_account_in_a_real_tmux(make_profile: MakeProfile, tmp_path: Path) -> None:
     path = make_profile(name="pair", startup_s=0.4)

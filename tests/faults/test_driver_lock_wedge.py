@@ -234,6 +234,43 @@ def test_sigterm_of_a_dashboard_gives_the_lock_back(make_profile: MakeProfile, s
         dashboard.kill()
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (CI installs it via .ci/run)")
+def test_a_dashboard_whose_terminal_goes_away_ends_and_gives_the_lock_back(make_profile: MakeProfile) -> None:
+    """The tmux server killed under a dashboard (a dropped SSH session does the same): SIGHUP, SIGCONT, a dead
+    terminal. Textual's shutdown then hung about 1 run in 3 (sigterm.py says why), leaving an idle dashboard
+    process for good; the watchdog ends it within its grace (5 s here). Five rounds, so a hang before the watchdog
+    would have shown with a chance of about 87%."""
+    path = make_profile(name="hup", startup_s=0.4)
+    profile = load_profile(path)
+    # the demo (its server, the probe, the chart): a dashboard that writes to its terminal all the time, as the
+    # hang needs (an idle `ui` never showed it in 10 rounds)
+    command = shlex.join([sys.executable, "-m", "app", "demo", str(path)])
+    for round_ in range(5):
+        dashboard = Tmux("TUNEDASH_EXIT_GRACE_S=5 TEXTUAL_ANIMATIONS=none " + command, REPO)
+        pid = 0
+        try:
+            dashboard.wait_for(lambda s: "READY" in s and "probe on" in s, 60, "the demo READY, its probe on")
+            wait_until(lambda: (_claim_of(profile) or {}).get("kind") == "dashboard", 30, "the dashboard's lock")
+            pid = int((_claim_of(profile) or {})["pid"])  # type: ignore[call-overload]
+            assert str(path) in Path(f"/proc/{pid}/cmdline").read_text()  # the dashboard this test started
+        finally:
+            dashboard.kill()  # the terminal goes away
+        try:
+            wait_until(lambda p=pid: not _running(p), 20, f"the dashboard to end when its terminal went ({round_})")
+        finally:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert _claim_of(profile) is None  # given back before it ended
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 # ---- what a claim says -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("values", "said"), [({"since": 1e308}, "since: expected a time between 2000 and 2100"),
                                               ({"since": float("nan")}, "since: expected a time"),

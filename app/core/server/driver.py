@@ -160,6 +160,8 @@ class DriverLock:
         self.who = jobs.who_am_i()
         self.since = time.time()
         self.held = False  # this session believes it drives (checked against the host by `check`)
+        self._taking = False  # acquire is between its heartbeat and `held` (the claim may be on disk already)
+        self._let_go = False  # release came while taking: acquire gives back what it took
         self._writing: asyncio.Future[None] | None = None  # the heartbeat write in flight (_beat)
         folder = f"{host.state_dir}/drivers"
         self.claim_path = f"{folder}/{self._key}.json"
@@ -227,12 +229,21 @@ class DriverLock:
             later = f" (it counts as free once it is {STALE_S:.0f} s old)" if other.problem else ""
             return DriverVerdict(True, f"read-only: {other.describe()} drives {self.profile}{later}; "
                                        f"`tunedash {command} {self.profile} --take-over` to drive it", "warning")
+        self._taking, self._let_go = True, False
         try:
-            return await self._take(current, other)
+            verdict = await self._take(current, other)
         except BaseException:  # cancelled half way (SIGTERM, Ctrl-C, a closing dashboard): leave nothing behind
             self.held = True
             await self.release()
             raise
+        finally:
+            self._taking = False
+        if self._let_go:  # released while taking (a dashboard stopped in its first second): give back what it took
+            self.held = True
+            await self.release()
+            return DriverVerdict(True, f"read-only: this session stopped while taking the lock of {self.profile}",
+                                 "warning")
+        return verdict
 
     async def _take(self, current: DriverClaim | None, other: DriverClaim | None) -> DriverVerdict:
         """acquire, once it is decided to drive: take over `other`, or take the lock `current` leaves free."""
@@ -290,8 +301,12 @@ class DriverLock:
         return None
 
     async def release(self) -> None:
-        """Give the lock back (quit, end of a CLI command, SIGTERM); a take-over since then is left alone."""
-        if not self.held:
+        """Give the lock back (quit, end of a CLI command, SIGTERM); a take-over since then is left alone. While
+        `acquire` is taking it (its claim on disk, `held` not yet set), what is on disk now is given back, and
+        acquire gives back what it takes after (a stop in a dashboard's first second left a heartbeat behind)."""
+        if self._taking:
+            self._let_go = True
+        elif not self.held:
             return
         self.held = False
         try:
