@@ -379,13 +379,8 @@ async def _left_slots(host: Host, profile: Profile, resume: Any, used: int) -> l
     profile, where such a slot was an allocation of its own (its time limit ends it)."""
     if resume is None or isinstance(host, SlurmHost):
         return []
-    found: dict[int, Slot] = {}
-    for ln in resume.launches:
-        row = ln.slot if isinstance(ln.slot, dict) else {}
-        index, gpus, port = row.get("index"), row.get("gpus"), row.get("port")
-        if (isinstance(index, int) and index >= used and isinstance(port, int) and isinstance(gpus, list)
-                and all(isinstance(g, int) for g in gpus)):
-            found[index] = Slot(index, tuple(gpus), port)
+    found = {slot.index: slot for ln in resume.launches
+             if (slot := Slot.from_json(ln.slot)) is not None and slot.index >= used}
     return [slot for _, slot in sorted(found.items())
             if await jobs.load_job(host, slot_profile(profile, slot)) is not None]
 

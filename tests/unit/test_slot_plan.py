@@ -103,3 +103,16 @@ def _record() -> jobs.JobRecord:
     return jobs.JobRecord(profile="t", host="sim", backend="sglang", model="m", port=1, argv=["x"], flags={},
                           pid=1, pgid=1, start_time="1", log_path="/tmp/x", launched_by="me", launched_at=1.0,
                           gpus=[0])
+
+
+@pytest.mark.parametrize("row", [None, "slot 1", {"index": True, "gpus": [2, 3], "port": 9001},
+                                 {"index": -1, "gpus": [2, 3], "port": 9001}, {"index": 1, "gpus": "2,3", "port": 9001},
+                                 {"index": 1, "gpus": [2, "3"], "port": 9001}, {"index": 1, "gpus": [2, 3]},
+                                 {"index": 1.0, "gpus": [2, 3], "port": 9001}])
+def test_a_stored_slot_that_is_not_one_reads_back_as_none(row: object) -> None:
+    assert Slot.from_json(row) is None
+
+
+def test_a_stored_slot_reads_back_as_it_was_written() -> None:
+    slot = Slot(2, (4, 5), 30002)
+    assert Slot.from_json(slot.to_json()) == slot

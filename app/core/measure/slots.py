@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, TypeGuard
 
 from app.core.data import GpuSnapshot
 from app.core.errors import TunedashError
@@ -53,6 +54,26 @@ class Slot:
     @property
     def label(self) -> str:
         return f"slot {self.index} (GPUs {','.join(str(g) for g in self.gpus)}, port {self.port})"
+
+    def to_json(self) -> dict[str, Any]:
+        """As a launch row stores it (the store's `launches.slot`)."""
+        return {"index": self.index, "gpus": list(self.gpus), "port": self.port}
+
+    @classmethod
+    def from_json(cls, row: object) -> Slot | None:
+        """A stored launch's slot (`to_json`), checked where it enters: None unless the index and port are
+        integers >= 0 and the GPUs a list of them."""
+        if not isinstance(row, dict):
+            return None
+        index, gpus, port = row.get("index"), row.get("gpus"), row.get("port")
+        if not (_whole(index) and _whole(port) and isinstance(gpus, list) and all(_whole(g) for g in gpus)):
+            return None
+        return cls(index, tuple(gpus), port)
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    """An integer >= 0 (not a bool), as a stored slot's index, port and GPUs must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def slot_name(profile_name: str, index: int) -> str:

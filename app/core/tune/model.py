@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core.errors import Reason, TunedashError
 from app.core.measure.bench import BenchSpec, percentile
+from app.core.measure.slots import Slot
 from app.core.measure.store import RunRow
 from app.core.profiles.types import Profile, TuneSettings, TuneShape
 from app.core.tune.race import RaceRule
@@ -171,10 +172,8 @@ def state_from_run(run: RunRow, shapes: int) -> TuneState:
         if ln.arm_idx is None:
             continue
         key = (ln.arm_idx, ln.launch_idx)
-        slot = ln.slot.get("index") if ln.slot is not None else None
-        slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
-        if slot is None and slotted:
-            slot = 0
+        stored = Slot.from_json(ln.slot)
+        slot = stored.index if stored is not None else 0 if slotted else None
         got = sorted({tr.shape: tr for tr in trials.get(key, [])}.values(), key=lambda tr: tr.shape)
         used[ln.arm_idx] = max(used.get(ln.arm_idx, -1), ln.launch_idx)
         if ln.outcome != "ready":

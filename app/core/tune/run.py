@@ -433,7 +433,7 @@ class TuneRunner:
             self.store.add_launch, run_id=self.run_id, arm_idx=candidate, profile=profile.name, host=profile.host,
             argv=launch_argv(profile), flags=dict(profile.flags), server_flags=server_flags,
             phase_times=times or {}, outcome=outcome, launch_idx=k,
-            slot=None if slot is None else {"index": slot.index, "gpus": list(slot.gpus), "port": slot.port})
+            slot=None if slot is None else slot.to_json())
 
     async def _shape(self, candidate: int, k: int, s: int, shape: TuneShape, profile: Profile,
                      url: str, slot: Slot | None = None) -> ShapeTrial:
