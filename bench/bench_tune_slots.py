@@ -44,6 +44,7 @@ from app.sim.sglang import speed_config  # noqa: E402
 from app.sim.speed import SpeedModel, load_params  # noqa: E402
 from app.sim.versions import current_version  # noqa: E402
 from tests.helpers import kill_launched  # noqa: E402  (the sim's own clean-up: every job record's group)
+from tests.slot_helpers import write_8gpu_profile  # noqa: E402  (demo-8gpu's host with a [tune] of the bench's)
 
 TOLERANCE = 0.02  # "the true best" = within 2% of the best true speed at the shape
 H200_MIB = 143771  # app/sim/gpu_models.py
@@ -67,24 +68,11 @@ speculative-num-steps = [{steps}]
 {toggles}"""
 
 
-def profile_text(state: Path, port: int, launches: int, graph: bool) -> str:
-    out = []
-    for line in (REPO / "profiles" / "demo-8gpu.toml").read_text().splitlines():
-        if line.startswith("name ="):
-            line = 'name = "bench-slots"'
-        elif line.startswith("sim_state ="):
-            line = f'sim_state = "{state}"'
-        elif line.startswith("port ="):
-            line = f"port = {port}"
-        elif line.startswith("[env]"):
-            line = '[env]\nTUNEDASH_SIM_STARTUP_S = "0.3"'
-        elif line.startswith("[bench]"):
-            break
-        out.append(line)
+def tune_text(launches: int, graph: bool) -> str:
+    """The bench's [bench] and [tune] tables (module docstring)."""
     shapes = ", ".join("{ " + ", ".join(f"{k} = {v}" for k, v in sh.items()) + " }" for sh in SHAPES)
     toggles = '[tune.toggles]\ng = ["off", "on"]\n' if graph else ""
-    return "\n".join(out) + "\n" + TUNE.format(launches=launches, shapes=shapes, toggles=toggles,
-                                               steps=", ".join(str(x) for x in STEPS))
+    return TUNE.format(launches=launches, shapes=shapes, toggles=toggles, steps=", ".join(str(x) for x in STEPS))
 
 
 def flags_of(overrides: str) -> dict[str, Any]:
@@ -138,9 +126,7 @@ def one(slots: int, launches: int, port: int, graph: bool) -> tuple[float, dict[
     """(wall s, the tune's JSON, launches spent) of one `tune --slots N` on a fresh sim host and history."""
     with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
         root = Path(tmp)
-        state = root / "sim"
-        profile = root / "bench-slots.toml"
-        profile.write_text(profile_text(state, port, launches, graph))
+        profile, state = write_8gpu_profile(root, tune_text(launches, graph), name="bench-slots", port=port)
         env = {**os.environ, "TUNEDASH_DATA_DIR": str(root / "data"), "PYTHONUNBUFFERED": "1"}
         started = time.monotonic()
         try:

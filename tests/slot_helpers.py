@@ -31,10 +31,10 @@ def consecutive_free_ports(n: int) -> int:
     raise AssertionError(f"no {n} consecutive free ports")
 
 
-def write_8gpu_profile(folder: Path, tune: str, *, name: str = "s8") -> tuple[Path, Path]:
+def write_8gpu_profile(folder: Path, tune: str, *, name: str = "s8", port: int | None = None) -> tuple[Path, Path]:
     """(profile file, sim state) of an 8-GPU simulated host like demo-8gpu's (GPUs 6-7 slower), in `folder`, with a
-    0.3 s startup, four free ports from its own and the [bench]/[tune] tables `tune` instead of the demo's. The
-    caller kills what it launched (tests.helpers.kill_launched(state))."""
+    0.3 s startup, four free ports from its own (or from `port`) and the [bench]/[tune] tables `tune` instead of
+    the demo's. The caller kills what it launched (tests.helpers.kill_launched(state))."""
     state = folder / f"{name}-sim"
     text = (Path(REPO) / "profiles" / "demo-8gpu.toml").read_text()
     out = []
@@ -44,7 +44,7 @@ def write_8gpu_profile(folder: Path, tune: str, *, name: str = "s8") -> tuple[Pa
         elif line.startswith("sim_state ="):
             line = f'sim_state = "{state}"'
         elif line.startswith("port ="):
-            line = f"port = {consecutive_free_ports(4)}"
+            line = f"port = {consecutive_free_ports(4) if port is None else port}"
         elif line.startswith("[env]"):
             line = '[env]\nTUNEDASH_SIM_STARTUP_S = "0.3"'
         elif line.startswith("[bench]"):
