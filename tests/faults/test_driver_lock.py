@@ -20,6 +20,7 @@ import pytest
 from app.connect import host_for
 from app.core.data import ServerState
 from app.core.profiles.loading import load_profile
+from app.core.server import driver
 from app.core.server.driver import STALE_S, DriverLock
 from app.core.session import ReadOnlyError, Session
 from tests.helpers import REPO, MakeProfile, tunedash, until
@@ -103,16 +104,18 @@ async def test_a_race_for_a_free_lock_has_one_winner(make_profile: MakeProfile) 
             await lock.release()
 
 
-async def test_a_release_while_the_lock_is_being_taken_leaves_nothing_behind(make_profile: MakeProfile) -> None:
+async def test_a_release_while_the_lock_is_being_taken_leaves_nothing_behind(make_profile: MakeProfile,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A dashboard stopped (SIGTERM, q) in its first second, while acquire sleeps its SETTLE_S with the claim on
     disk and `held` not yet set: release did nothing then, and a heartbeat file stayed (1 run in 8 of the SIGTERM
     tmux test). Now what is on disk is given back at once and acquire gives back what it took."""
+    monkeypatch.setattr(driver, "SETTLE_S", 2.0)  # a window this test cannot miss on a loaded machine
     profile = load_profile(make_profile())
     host = host_for(profile)
     lock = DriverLock(host, profile, "dashboard")
     drivers = Path(str(host.state_dir)) / "drivers"
     taking = asyncio.create_task(lock.acquire(take_over=False))
-    await until(lambda: any(drivers.glob("*.json")), 10, "the claim on disk")
+    await until(lambda: any(drivers.glob("*.json")), 10, "the claim on disk", interval=0.01)
     assert not lock.held  # in SETTLE_S: taken on disk, not yet held
     await lock.release()
     assert not list(drivers.glob("*")), list(drivers.glob("*"))  # given back at once
